@@ -1,0 +1,58 @@
+"""``streampass.stream(k)``: say, in traced code, which stream a block runs on."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.fx import traceback as fx_traceback
+
+from .errors import StreamPassError
+
+AMBIENT = 0
+
+
+def check_stream_index(k: object, node: str | None = None) -> int:
+    """``k`` as a stream index, or a :class:`StreamPassError` saying why it is not one."""
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise StreamPassError(f"stream index must be an int, got {k!r} ({type(k).__name__})", node)
+    if k < 0:
+        raise StreamPassError(f"stream index must be >= 0, got {k}", node)
+    return k
+
+
+def stream(k: int):
+    """Annotate the nodes traced inside the block with ``meta["custom"]["stream"] = k``.
+
+    Works under ``make_fx``, ``aot_function`` and ``torch.compile`` (dynamo traces
+    ``torch.fx.traceback.annotate``); blocks nest, the innermost wins; ``k = 0`` is the
+    ambient stream. Outside tracing it does nothing but set the annotation.
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with stream(1):
+    ...         y = x.cos()
+    ...     return y + 1
+    >>> gm = make_fx(f)(torch.ones(2))
+    >>> [n.meta.get("custom", {}).get("stream") for n in gm.graph.nodes if n.op == "call_function"]
+    [1, None]
+    """
+    check_stream_index(k)
+    if torch.compiler.is_compiling():
+        # dynamo understands annotate() itself; a generator context manager would be inlined.
+        return fx_traceback.annotate({"stream": k})
+    return _stream_eager(k)
+
+
+@contextlib.contextmanager
+def _stream_eager(k: int) -> Iterator[None]:
+    # make_fx copies current_meta into nodes only while node meta is preserved. Enter that mode
+    # only if nobody did: preserve_node_meta restores a shallow copy on exit, which would undo
+    # an outer block's annotation.
+    preserve = (
+        contextlib.nullcontext() if fx_traceback.has_preserved_node_meta() else fx_traceback.preserve_node_meta()
+    )
+    with preserve, fx_traceback.annotate({"stream": k}):
+        yield

@@ -1,0 +1,259 @@
+"""Apply a :class:`~streampass.plan.SyncPlan`: the only module that edits graphs.
+
+Every sync op (new or already there) is wrapped in torch's ``control_deps`` higher-order op so
+that the ordering the plan relies on becomes data dependencies:
+
+* a sync on stream ``s`` depends on every node of ``s`` issued since the previous sync of ``s``
+  and on that sync (a chain per stream), so it stays after the work it covers;
+* a wait depends on the record of its event;
+* every consumer that relies on a wait reads the protected tensor through the wait's
+  passthrough output (``getitem(control_deps(...), i)``), so it stays after the wait;
+* a value whose free the plan defers rides through the wait as a passthrough argument.
+
+Any topological order of the result is then race-free, and DCE keeps the syncs
+(``control_deps`` is side-effecting). fork/join nodes are replaced by ``custom.stream``
+annotations: a stream switch has no data dependencies and would not survive reordering.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+
+from . import ops
+from .annotate import AMBIENT
+from .errors import StreamPassError
+from .plan import PlannedWait, SyncPlan
+
+Node = torch.fx.Node
+WRAPPABLE = frozenset({ops.RECORD_EVENT, ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
+WAITS = frozenset({ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
+
+
+def _set_stream(node: Node, s: int) -> None:
+    """Annotate ``node`` with stream ``s`` (ambient nodes carry no stream annotation)."""
+    custom = dict(node.meta.get("custom") or {})
+    if s == AMBIENT:
+        custom.pop("stream", None)
+    else:
+        custom["stream"] = s
+    if custom:
+        node.meta["custom"] = custom
+    else:
+        node.meta.pop("custom", None)
+
+
+def _sync_subgraph(owner: torch.nn.Module, target, int_args: tuple, n_pass: int) -> torch.fx.GraphModule:
+    g = torch.fx.Graph()
+    phs = [g.placeholder(f"dep_{i}") for i in range(n_pass)]
+    result = g.call_function(target, int_args)
+    g.output((result, *phs))
+    return torch.fx.GraphModule(owner, g, class_name="StreamSync")
+
+
+class _Editor:
+    """Collects what each sync needs, then rewrites the graph in one go."""
+
+    def __init__(self, gm: torch.fx.GraphModule, plan: SyncPlan):
+        self.gm, self.plan, self.a = gm, plan, plan.assignment
+        self.graph = gm.graph
+        self.stream: dict[Node, int] = dict(self.a.stream)
+        self.gate_node: dict = {}  # PlannedWait | existing node -> sync node in the graph
+        self.changed = False
+
+    # -- 1. insert the new plain sync nodes -------------------------------------------------
+    def insert(self) -> None:
+        def at_entry(r):
+            return r.anchor is None or (not isinstance(r.anchor, PlannedWait) and r.anchor.op in ("placeholder", "get_attr"))
+
+        # Records at entry go in first, so waits inserted before the first real node follow them.
+        inputs = [n for n in self.graph.nodes if n.op in ("placeholder", "get_attr")]
+        for r in self.plan.records:
+            if at_entry(r):
+                ctx = self.graph.inserting_after(inputs[-1]) if inputs else self.graph.inserting_before(None)
+                with ctx:
+                    r.node = self._new_sync(self.graph.call_function(ops.RECORD_EVENT, (r.event, r.stream)), r.stream)
+        for w in self.plan.waits:
+            with self.graph.inserting_before(w.before):
+                node = self.graph.call_function(ops.WAIT_EVENT, (w.record.event, w.stream))
+            self.gate_node[w] = self._new_sync(node, w.stream)
+        for r in self.plan.records:
+            if not at_entry(r):
+                anchor = self.gate_node[r.anchor] if isinstance(r.anchor, PlannedWait) else r.anchor
+                with self.graph.inserting_after(anchor):
+                    r.node = self._new_sync(self.graph.call_function(ops.RECORD_EVENT, (r.event, r.stream)), r.stream)
+
+    def _new_sync(self, node: Node, s: int) -> Node:
+        self.stream[node] = s
+        node.meta["streampass"] = "sync"
+        _set_stream(node, s)
+        self.changed = True
+        return node
+
+    # -- 2. drop fork/join, annotate every node with its stream -----------------------------
+    def normalize_streams(self) -> None:
+        for node in list(self.graph.nodes):
+            call = self.a.syncs.get(node)
+            if call is not None and call.target in (ops.FORK, ops.JOIN):
+                self.graph.erase_node(node)
+                self.changed = True
+                continue
+            s = self.stream.get(node, AMBIENT)
+            if s != AMBIENT and node.op == "call_function":
+                custom = node.meta.get("custom") or {}
+                if custom.get("stream") != s:
+                    _set_stream(node, s)
+                    self.changed = True
+
+    # -- 3. the data dependencies that encode the order -------------------------------------
+    def encode(self) -> None:
+        order = list(self.graph.nodes)
+        index = {n: i for i, n in enumerate(order)}
+        record_node_of_event: dict[int, Node] = {}
+        for n in order:
+            call = ops.as_sync_call(n)
+            if call is not None and call.target is ops.RECORD_EVENT:
+                record_node_of_event.setdefault(call.args[0], n)
+        gates = {self.gate_node.get(g, g): g for g in set(self.plan.protect) | set(self.plan.keepalive)}
+
+        pending: dict[int, list[Node]] = {}
+        last_sync: dict[int, Node] = {}
+        wrapped_as: dict[Node, Node] = {}
+        for n in order:
+            s = self.stream.get(n, AMBIENT)
+            call = ops.as_sync_call(n)
+            if call is None or call.target not in WRAPPABLE:
+                if n.op in ("call_function", "call_method", "call_module") and n.target is not operator.getitem:
+                    pending.setdefault(s, []).append(n)
+                continue
+            deps = list(pending.pop(s, []))
+            if s in last_sync:
+                deps.append(last_sync[s])
+            if call.target in (ops.WAIT_EVENT, ops.SYNC_EVENT):
+                rec = record_node_of_event.get(call.args[0])
+                if rec is not None and index[rec] < index[n]:
+                    deps.append(wrapped_as.get(rec, rec))
+            elif call.target is ops.WAIT_STREAM:
+                deps += pending.get(call.args[1], []) + ([last_sync[call.args[1]]] if call.args[1] in last_sync else [])
+            gate = gates.get(n)
+            passthrough, rewires = self._passthrough(n, gate, index) if gate is not None else ([], [])
+            last_sync[s] = wrapped_as[n] = self._wrap(n, call, deps, passthrough, rewires)
+
+    def _passthrough(self, sync: Node, gate, index) -> tuple[list[Node], list[tuple[Node, Node]]]:
+        """Tensors to thread through ``sync`` and the (user, input) uses to read them from it."""
+        passthrough: list[Node] = []
+        rewires: list[tuple[Node, Node]] = []
+        for consumer, value in self.plan.protect.get(gate, ()):
+            if value is None:
+                continue
+            for user, inp in self._uses_to_gate(consumer, value, sync, index):
+                if inp not in passthrough:
+                    passthrough.append(inp)
+                rewires.append((user, inp))
+        for value in self.plan.keepalive.get(gate, ()):
+            if value not in passthrough and index[value] < index[sync]:
+                passthrough.append(value)
+        return passthrough, rewires
+
+    def _uses_to_gate(self, consumer: Node, value: Node, sync: Node, index) -> list[tuple[Node, Node]]:
+        """The uses (user, input) on ``consumer``'s path to ``value`` that must go through ``sync``.
+
+        ``consumer`` may read ``value`` through views made after the sync: the first use whose
+        input is defined before the sync is the one to reroute. A path that already passes a
+        sync of the same stream at or after ``sync`` is ordered by the per-stream chain.
+        """
+        found = []
+        for inp in consumer.all_input_nodes:
+            if self.a.root.get(inp, inp) is not value:
+                continue
+            user, x = consumer, inp
+            while True:
+                src = ops.passthrough_source(x)
+                if src is not None:
+                    holder = x.args[0]
+                    if self.stream.get(holder) == self.stream.get(sync) and index[holder] >= index[sync]:
+                        break  # already ordered after this sync
+                if index[x] < index[sync]:
+                    found.append((user, x))
+                    break
+                nxt = src if src is not None else ops.aliases_input(x)
+                if nxt is None:
+                    break  # made after the sync on this path: nothing before the sync to guard
+                user, x = x, nxt
+        return found
+
+    def _wrap(self, sync: Node, call: ops.SyncCall, deps: list[Node], passthrough, rewires) -> Node:
+        if call.wrapper is not None:
+            return self._extend(call.wrapper, call, deps, passthrough, rewires)
+        name = sync.name
+        attr = _free_attr(self.gm, f"streampass_{name}")
+        self.gm.add_submodule(attr, _sync_subgraph(self.gm, call.target, call.args, len(passthrough)))
+        with self.graph.inserting_before(sync):
+            getter = self.graph.get_attr(attr)
+            wrapped = self.graph.call_function(ops.CONTROL_DEPS, (tuple(deps), getter, *passthrough))
+        wrapped.meta.update(sync.meta)
+        self.stream[wrapped] = self.stream[sync]
+        sync.replace_all_uses_with(wrapped)
+        self.graph.erase_node(sync)
+        self.changed = True
+        self._reroute(wrapped, passthrough, rewires, offset=0)
+        return wrapped
+
+    def _extend(self, wrapped: Node, call: ops.SyncCall, deps, passthrough, rewires) -> Node:
+        """Add missing deps and passthroughs to an existing ``control_deps`` node."""
+        old_deps = list(wrapped.args[0])
+        missing = [d for d in deps if d not in old_deps and d is not wrapped]
+        old_pass = list(wrapped.args[2:])
+        new_pass = [p for p in passthrough if p not in old_pass]
+        if missing or new_pass:
+            if new_pass:
+                attr = wrapped.args[1].target
+                sub = _sync_subgraph(self.gm, call.target, call.args, len(old_pass) + len(new_pass))
+                if any(isinstance(x, Node) for x in call.args):
+                    raise StreamPassError(f"cannot extend a control_deps wrapper of {call.name} with tensor args", wrapped.name)
+                setattr(self.gm, attr, sub)
+            wrapped.args = (tuple(old_deps + missing), wrapped.args[1], *old_pass, *new_pass)
+            self.changed = True
+        self._reroute(wrapped, old_pass + new_pass, rewires, offset=0)
+        return wrapped
+
+    def _reroute(self, wrapped: Node, passthrough: list[Node], rewires, offset: int) -> None:
+        outs: dict[Node, Node] = {}
+        for user in wrapped.users:
+            if user.target is operator.getitem and isinstance(user.args[1], int) and user.args[1] >= 1:
+                outs.setdefault(passthrough[user.args[1] - 1], user) if user.args[1] - 1 < len(passthrough) else None
+        last = wrapped
+        for user, inp in rewires:
+            if inp not in outs:
+                with self.graph.inserting_after(last):
+                    g = self.graph.call_function(operator.getitem, (wrapped, passthrough.index(inp) + 1))
+                g.meta.update(inp.meta)
+                self.stream[g] = self.stream[wrapped]
+                _set_stream(g, self.stream[wrapped])
+                outs[inp] = g
+                last = g
+            user.replace_input_with(inp, outs[inp])
+            self.changed = True
+
+
+
+def _free_attr(gm: torch.nn.Module, base: str) -> str:
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan) -> bool:
+    """Edit ``gm`` as ``plan`` says; returns whether anything changed. Recompiles ``gm``."""
+    editor = _Editor(gm, plan)
+    editor.insert()
+    editor.normalize_streams()
+    editor.encode()
+    if editor.changed:
+        gm.graph.lint()
+        gm.recompile()
+    return editor.changed

@@ -1,0 +1,350 @@
+"""Per-node time estimates for aten-level FX graphs.
+
+A node's time is a roofline estimate plus a fixed kernel launch overhead::
+
+    time = max(flops / peak_flops[dtype], bytes / mem_bandwidth) + launch_overhead
+
+FLOPs come from the formulas registered in ``torch.utils.flop_counter.flop_registry``
+(matmuls, convolutions, attention), called on the shapes found in ``node.meta["val"]``;
+the op itself is never run. Bytes are the sizes of the distinct input tensors plus
+the output tensors. Only shapes, strides and dtypes are read, so fake, meta and real
+tensors all work. See ``docs/cost_model.md`` for the numbers and the limits.
+
+>>> import torch
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> gm = make_fx(lambda a, b: a @ b, tracing_mode="fake")(
+...     torch.empty(4096, 4096, dtype=torch.bfloat16),
+...     torch.empty(4096, 4096, dtype=torch.bfloat16))
+>>> times = CostModel("h100").graph_times(gm)
+>>> round(times["mm"] * 1e6)  # 2*4096**3 / 989e12 s + 5 us launch
+144
+>>> times["a_1"], times["output"]
+(0.0, 0.0)
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+import torch.fx
+from torch.fx.passes.shape_prop import TensorMetadata
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.flop_counter import flop_registry
+
+__all__ = ["DeviceProfile", "PROFILES", "CostModel", "Overrides"]
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Peak throughput numbers for one device.
+
+    ``peak_flops`` maps a ``torch.dtype`` to FLOP/s; the key ``"default"`` gives the
+    rate for any dtype not listed (when it is absent, the float32 rate is used, or
+    failing that the lowest listed rate). The mapping is stored read-only.
+
+    >>> p = DeviceProfile("toy", {torch.bfloat16: 100e12, "default": 10e12},
+    ...                   mem_bandwidth=1e12, launch_overhead=5e-6, sync_cost=2e-6)
+    >>> p.flops_for(torch.bfloat16), p.flops_for(torch.int64)
+    (100000000000000.0, 10000000000000.0)
+    """
+
+    name: str
+    peak_flops: Mapping[torch.dtype | str, float] = field(hash=False)
+    mem_bandwidth: float
+    launch_overhead: float = 5e-6
+    sync_cost: float = 2e-6
+
+    def __post_init__(self) -> None:
+        if not self.peak_flops:
+            raise ValueError(f"profile {self.name!r}: peak_flops is empty")
+        object.__setattr__(self, "peak_flops", types.MappingProxyType(dict(self.peak_flops)))
+
+    def flops_for(self, dtype: torch.dtype | None) -> float:
+        """FLOP/s for ``dtype``, falling back as described on the class.
+
+        >>> PROFILES["a100"].flops_for(torch.float16)
+        312000000000000.0
+        """
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        if "default" in self.peak_flops:
+            return self.peak_flops["default"]
+        if torch.float32 in self.peak_flops:
+            return self.peak_flops[torch.float32]
+        return min(self.peak_flops.values())
+
+
+_F8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+# Dense (no 2:4 sparsity) vendor datasheet numbers; see docs/cost_model.md.
+_HOPPER_FLOPS: dict[torch.dtype | str, float] = {
+    torch.bfloat16: 989e12,
+    torch.float16: 989e12,
+    torch.float32: 67e12,  # CUDA cores; TF32 tensor cores (494e12) are not assumed
+    torch.float64: 67e12,  # FP64 tensor cores
+    **{d: 1979e12 for d in _F8},
+    torch.int8: 1979e12,
+    "default": 67e12,
+}
+
+PROFILES: dict[str, DeviceProfile] = {
+    "h100": DeviceProfile("h100", _HOPPER_FLOPS, mem_bandwidth=3.35e12,
+                          launch_overhead=5e-6, sync_cost=2e-6),
+    "h200": DeviceProfile("h200", _HOPPER_FLOPS, mem_bandwidth=4.8e12,
+                          launch_overhead=5e-6, sync_cost=2e-6),
+    "a100": DeviceProfile(
+        "a100",
+        {torch.bfloat16: 312e12, torch.float16: 312e12, torch.float32: 19.5e12,
+         torch.float64: 19.5e12, torch.int8: 624e12, "default": 19.5e12},
+        mem_bandwidth=2.039e12, launch_overhead=5e-6, sync_cost=2e-6),
+    "cpu": DeviceProfile(
+        "cpu", {torch.float64: 0.5e12, "default": 1e12},
+        mem_bandwidth=50e9, launch_overhead=1e-6, sync_cost=0.0),
+}
+"""Built-in profiles by name: ``"h100"``, ``"h200"``, ``"a100"``, ``"cpu"``."""
+
+Overrides = Union[Mapping[str, float], Callable[[torch.fx.Node], Union[float, None]], None]
+
+# Ops that only produce a new view of existing memory: no kernel, no time.
+_VIEW_OPS = frozenset({
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "expand_as", "view_as",
+    "t", "transpose", "permute", "squeeze", "unsqueeze", "slice", "select", "narrow",
+    "alias", "detach", "as_strided", "unbind", "split", "split_with_sizes", "chunk",
+    "diagonal", "unfold", "lift_fresh",
+})
+_FREE_FUNCTIONS = frozenset({operator.getitem})
+
+
+def _is_streams_op(target: Any) -> bool:
+    if getattr(target, "namespace", None) == "streams":
+        return True
+    schema = getattr(target, "_schema", None)
+    if schema is not None and schema.name.startswith("streams::"):
+        return True
+    return str(getattr(target, "_qualified_op_name", "")).startswith("streams::")
+
+
+def _is_control_deps(target: Any) -> bool:
+    # Matched by name so that torch._inductor (slow to import) is never imported here.
+    return (isinstance(target, torch._ops.HigherOrderOperator)
+            and target.name() == "control_deps")
+
+
+def _view_name(node: torch.fx.Node) -> str | None:
+    target = node.target
+    if node.op == "call_method" and isinstance(target, str):
+        return target
+    if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten":
+        return target._opname
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name.removeprefix("aten::")
+    return None
+
+
+def _is_shape_query(target: Any) -> bool:
+    """aten.sym_size / sym_stride / sym_numel / sym_storage_offset, or a Python callable."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target.namespace == "aten" and target._opname.startswith("sym_")
+    return not isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator))
+
+
+def _hint(x: Any) -> int | float | None:
+    """A concrete number for ``x``; symbolic values give their hint, or None."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat)):
+        try:
+            return x.node.hint
+        except Exception:
+            return None
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return x
+    return None
+
+
+def _as_tensor(value: Any) -> Any:
+    """Turn a ``TensorMetadata`` into an empty meta tensor; pass others through."""
+    if not isinstance(value, TensorMetadata):
+        return value
+    try:
+        return torch.empty_strided(tuple(value.shape), tuple(value.stride),
+                                   dtype=value.dtype, device="meta")
+    except Exception:
+        return None
+
+
+def _node_value(node: torch.fx.Node) -> Any:
+    """The example value of a node: ``meta["val"]``, else ``meta["tensor_meta"]``."""
+    if "val" in node.meta:
+        return node.meta["val"]
+    return tree_map(_as_tensor, node.meta.get("tensor_meta"),
+                    is_leaf=lambda v: isinstance(v, TensorMetadata))
+
+
+def _concrete_shape(x: Any) -> Any:
+    """A tensor's shape as plain ints (symbolic sizes by hint); others unchanged."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    sizes = [_hint(s) for s in x.shape]
+    if any(s is None for s in sizes):
+        raise ValueError("size without a hint")
+    return torch.Size(sizes)
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of memory ``t`` covers: numel, or less for broadcast (stride-0) tensors."""
+    try:
+        itemsize = t.dtype.itemsize
+        sizes = [_hint(s) for s in t.shape]
+        strides = [_hint(s) for s in t.stride()]
+    except Exception:
+        return 0
+    if any(s is None for s in sizes):
+        return 0
+    numel = 1
+    for s in sizes:
+        numel *= s
+    if numel == 0:
+        return 0
+    if all(s is not None for s in strides):
+        span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(sizes, strides))
+        numel = min(numel, span)
+    return int(numel) * itemsize
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+class CostModel:
+    """Estimates the run time of FX graph nodes on one device profile.
+
+    ``profile`` is a name in ``PROFILES`` or a ``DeviceProfile``. ``overrides`` is a
+    dict from node name to seconds, or a callable taking a node and returning seconds
+    or None (None means "no override"); overrides win over the estimate.
+
+    >>> g = torch.fx.Graph()
+    >>> x = g.placeholder("x"); x.meta["val"] = torch.empty(1024, 1024, device="meta")
+    >>> y = g.call_function(torch.ops.aten.relu.default, (x,))
+    >>> y.meta["val"] = torch.empty(1024, 1024, device="meta")
+    >>> model = CostModel("h100")
+    >>> model.node_time(y) == 2 * 1024 * 1024 * 4 / 3.35e12 + 5e-6
+    True
+    >>> y.name
+    'relu_default'
+    >>> CostModel("h100", overrides={"relu_default": 1e-3}).node_time(y)
+    0.001
+    """
+
+    def __init__(self, profile: str | DeviceProfile = "h100", overrides: Overrides = None):
+        if isinstance(profile, str):
+            if profile not in PROFILES:
+                raise ValueError(f"unknown device profile {profile!r}; "
+                                 f"known: {sorted(PROFILES)}")
+            profile = PROFILES[profile]
+        self.profile: DeviceProfile = profile
+        self.overrides = overrides
+
+    def node_time(self, node: torch.fx.Node) -> float:
+        """Estimated seconds for ``node``; never raises on odd or missing metadata.
+
+        >>> g = torch.fx.Graph()
+        >>> CostModel("a100").node_time(g.placeholder("x"))
+        0.0
+        """
+        if callable(self.overrides):
+            value = self.overrides(node)
+            if value is not None:
+                return float(value)
+        elif self.overrides is not None and node.name in self.overrides:
+            return float(self.overrides[node.name])
+        return self._estimate(node)
+
+    def graph_times(self, graph: torch.fx.Graph | torch.fx.GraphModule) -> dict[str, float]:
+        """``node_time`` for every node, keyed by node name, in graph order.
+
+        >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
+        >>> CostModel("cpu").graph_times(gm)  # no meta: launch overhead only
+        {'x': 0.0, 'add': 1e-06, 'output': 0.0}
+        """
+        if isinstance(graph, torch.fx.GraphModule):
+            graph = graph.graph
+        return {node.name: self.node_time(node) for node in graph.nodes}
+
+    # -- the estimate itself -------------------------------------------------
+
+    def _estimate(self, node: torch.fx.Node) -> float:
+        p = self.profile
+        if node.op in ("placeholder", "get_attr", "output"):
+            return 0.0
+        target = node.target
+        if _is_streams_op(target):
+            return p.sync_cost
+        if _is_control_deps(target):
+            return self._control_deps_time(node)
+        if target in _FREE_FUNCTIONS or _view_name(node) in _VIEW_OPS:
+            return 0.0
+        out = _node_value(node)
+        if out is None:
+            return p.launch_overhead
+        args, kwargs = tree_map(self._arg_value, (node.args, node.kwargs))
+        # Each input node counted once: a tensor passed twice (x + x) is read once.
+        inputs = [t for n in node.all_input_nodes for t in _tensors(_node_value(n))]
+        outputs = _tensors(out)
+        if not outputs and (not inputs or _is_shape_query(target)):
+            # Shape queries and scalar arithmetic (sym_size, operator.mul on SymInts)
+            # run on the host and launch nothing.
+            return 0.0
+        n_bytes = sum(_tensor_bytes(t) for t in inputs + outputs)
+        flops = self._flops(target, args, kwargs, out)
+        dtype = next((t.dtype for t in inputs + outputs), None)
+        compute = flops / p.flops_for(dtype) if flops else 0.0
+        memory = n_bytes / p.mem_bandwidth
+        return max(compute, memory) + p.launch_overhead
+
+    @staticmethod
+    def _arg_value(a: Any) -> Any:
+        return _node_value(a) if isinstance(a, torch.fx.Node) else a
+
+    @staticmethod
+    def _flops(target: Any, args: Any, kwargs: Any, out: Any) -> float:
+        packet = getattr(target, "overloadpacket", target)
+        try:
+            formula = flop_registry.get(packet) or flop_registry.get(target)
+        except TypeError:  # unhashable target
+            return 0.0
+        if formula is None:
+            return 0.0
+        try:
+            raw = getattr(formula, "__wrapped__", None)
+            if raw is not None:
+                # A shape_wrapper'd formula: hand it concrete shapes ourselves, so
+                # that its checks (e.g. k == k2) never put guards on symbolic shapes.
+                args, kwargs, out = tree_map(_concrete_shape, (args, kwargs, out))
+                flops = raw(*args, out_shape=out, **kwargs)
+            else:
+                flops = formula(*args, **kwargs, out_val=out)
+            flops = _hint(flops)
+        except Exception:
+            return 0.0
+        return float(flops) if flops else 0.0
+
+    def _control_deps_time(self, node: torch.fx.Node) -> float:
+        """control_deps(deps, subgraph, *args): the cost of what the subgraph runs.
+
+        Inductor wraps one op in the subgraph; for a wrapped stream op that is
+        ``sync_cost``. Falls back to ``sync_cost`` when the subgraph can't be found.
+        """
+        sub = node.args[1] if len(node.args) > 1 else None
+        if isinstance(sub, torch.fx.Node) and sub.op == "get_attr":
+            root = node.graph.owning_module
+            try:
+                sub = operator.attrgetter(sub.target)(root)
+            except Exception:
+                sub = None
+        if isinstance(sub, torch.fx.GraphModule):
+            return sum(self._estimate(n) for n in sub.graph.nodes)
+        return self.profile.sync_cost

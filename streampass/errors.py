@@ -1,0 +1,20 @@
+"""The one exception streampass raises for input it refuses."""
+
+from __future__ import annotations
+
+
+class StreamPassError(ValueError):
+    """A graph streampass cannot process, or a request it refuses.
+
+    The message always names the offending node (when there is one) and the rule it
+    breaks. Passes raise it before editing anything, so the graph is left as it was.
+
+    >>> err = StreamPassError("join without a matching fork", node="join_1")
+    >>> str(err)
+    "node 'join_1': join without a matching fork"
+    """
+
+    def __init__(self, message: str, node: str | None = None):
+        self.node = node
+        self.rule = message
+        super().__init__(f"node {node!r}: {message}" if node is not None else message)

@@ -1,0 +1,141 @@
+"""What must happen before what: the ordering requirements that make a multi-stream graph race-free.
+
+Pure analysis over a :class:`~streampass.reading.StreamAssignment`. Each
+:class:`Requirement` says "``before`` must complete before ``after`` starts"; a requirement
+between nodes of different streams is a hazard unless happens-before holds. Kinds
+(DESIGN.md §2): ``raw``, ``war``, ``waw``, ``entry``, ``exit``; ``dealloc`` is about memory
+lifetime and is a :class:`CrossStreamValue` instead.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from . import ops
+from .annotate import AMBIENT
+from .reading import StreamAssignment
+
+Node = torch.fx.Node
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """``before`` must complete on the device before ``after`` starts.
+
+    ``value`` is the tensor (its storage root) the two nodes share; ``kind`` says why.
+    ``stream`` is set for a stream that must be joined at exit (``before`` is its last node).
+    """
+
+    kind: str
+    before: Node
+    after: Node
+    value: Node | None = None
+
+
+@dataclass
+class CrossStreamValue:
+    """A tensor made on one stream and read on others: its memory must not be reused early."""
+
+    value: Node
+    stream: int
+    readers: dict[int, list[Node]] = field(default_factory=dict)
+
+
+def is_tensor_value(node: Node) -> bool:
+    val = node.meta.get("val", node.meta.get("example_value"))
+    if val is None:
+        return node.op != "output"  # unknown: assume a tensor (conservative)
+    if isinstance(val, torch.Tensor):
+        return True
+    if isinstance(val, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) for v in val)
+    return False
+
+
+def reads_of(a: StreamAssignment, node: Node) -> list[Node]:
+    """The tensor values ``node`` reads on the device (storage roots, deduplicated)."""
+    if node in a.syncs or not (a.is_compute(node) or node.op == "output"):
+        return []
+    out: list[Node] = []
+    for inp in node.all_input_nodes:
+        if inp.op == "get_attr" and not is_tensor_value(inp):
+            continue
+        if inp.target is ops.CONTROL_DEPS:
+            continue
+        if not is_tensor_value(inp):
+            continue
+        r = a.root[inp]
+        if r not in out:
+            out.append(r)
+    return out
+
+
+def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
+    """Storage roots ``node`` overwrites in place (from its schema)."""
+    if not a.is_compute(node):
+        return []
+    out = []
+    for i in ops.mutated_arg_positions(node):
+        schema_arg = node.target._schema.arguments[i]
+        arg = node.args[i] if i < len(node.args) else node.kwargs.get(schema_arg.name)
+        for x in arg if isinstance(arg, (list, tuple)) else [arg]:
+            if isinstance(x, torch.fx.Node) and a.root[x] not in out:
+                out.append(a.root[x])
+    return out
+
+
+def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStreamValue]]:
+    """Every cross-stream ordering the graph needs, and every value read across streams.
+
+    Only pairs on different streams are returned: a stream runs its own work in order.
+    """
+    reqs: list[Requirement] = []
+    last_writer: dict[Node, Node] = {}
+    reads_since_write: dict[Node, list[Node]] = defaultdict(list)
+    cross: dict[Node, CrossStreamValue] = {}
+    last_on: dict[int, Node] = {}
+    s_of = a.stream
+
+    def need(kind: str, before: Node, after: Node, value: Node | None) -> None:
+        if s_of[before] != s_of[after]:
+            reqs.append(Requirement(kind, before, after, value))
+
+    for node in a.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            last_writer[node] = node
+            continue
+        s = s_of[node]
+        if node.op == "output":
+            for r in reads_of(a, node):
+                need("exit", last_writer.get(r, r), node, r)
+            for t, last in last_on.items():
+                if t != AMBIENT:
+                    reqs.append(Requirement("exit", last, node, None))
+            continue
+        if a.is_compute(node):
+            last_on[s] = node
+        writes = writes_of(a, node)
+        for r in reads_of(a, node):
+            w = last_writer.get(r, r)
+            if r not in writes:
+                need("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r)
+                reads_since_write[r].append(node)
+            if r.op == "call_function" and s_of[r] != s and r not in writes:
+                cross.setdefault(r, CrossStreamValue(r, s_of[r])).readers.setdefault(s, []).append(node)
+        for r in writes:
+            w = last_writer.get(r, r)
+            need("entry" if w.op in ("placeholder", "get_attr") else "waw", w, node, r)
+            for reader in reads_since_write[r]:
+                need("war", reader, node, r)
+            reads_since_write[r] = []
+            last_writer[r] = node
+        if a.is_compute(node) and is_tensor_value(node) and a.root[node] is node:
+            last_writer.setdefault(node, node)
+
+    outputs = {a.root[x] for n in a.nodes if n.op == "output" for x in n.all_input_nodes}
+    values = [c for v, c in cross.items() if v not in outputs]
+    return reqs, values

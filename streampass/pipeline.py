@@ -1,0 +1,105 @@
+"""``streampass.run``: read -> plan -> apply -> verify, in place, all or nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch.fx
+
+from . import runtime
+from .apply import apply_plan
+from .dag import StreamDAG
+from .errors import StreamPassError
+from .plan import SyncPlan, plan_syncs
+from .reading import read_streams
+from .verify import Report, find_hazards
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` did: hazards before and after, syncs added, whether the graph changed."""
+
+    before: Report
+    after: Report
+    records_added: int
+    waits_added: int
+    changed: bool
+    plan: SyncPlan
+
+    @property
+    def ok(self) -> bool:
+        return self.after.ok
+
+    def summary(self) -> str:
+        return (
+            f"streams {self.after.streams}: {len(self.before.hazards)} hazard(s) before, "
+            f"{len(self.after.hazards)} after; added {self.records_added} record(s), {self.waits_added} wait(s)"
+        )
+
+
+def _as_module(g: torch.fx.GraphModule | torch.fx.Graph) -> torch.fx.GraphModule:
+    if isinstance(g, torch.fx.GraphModule):
+        return g
+    if isinstance(g, torch.fx.Graph):
+        if isinstance(g.owning_module, torch.fx.GraphModule):
+            return g.owning_module
+        raise StreamPassError("run() needs a GraphModule, or a Graph owned by one (subgraphs live on the module)")
+    raise StreamPassError(f"expected a torch.fx.GraphModule or Graph, got {type(g).__name__}")
+
+
+def run(
+    g: torch.fx.GraphModule | torch.fx.Graph,
+    external_events: Iterable[int] = (),
+    check: bool = True,
+    bind_runtime: bool = True,
+) -> RunResult:
+    """Make ``g`` race-free in place: insert the fewest record/wait pairs and encode the order.
+
+    Idempotent: a second call changes nothing. On a :class:`StreamPassError` the graph is left
+    exactly as it was. ``check=False`` skips the final :func:`verify` (it is cheap; keep it on).
+    ``bind_runtime`` makes ``gm(*args)`` fill the stream/event table itself
+    (:func:`streampass.runtime.install`); compilers that own the table turn it off.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return x.cos() + y
+    >>> gm = make_fx(f)(torch.ones(2))
+    >>> result = sp.run(gm)
+    >>> result.ok, len(result.before.hazards) > 0, sp.run(gm).changed
+    (True, True, False)
+    """
+    gm = _as_module(g)
+    external_events = tuple(external_events)
+    assignment = read_streams(gm, external_events)
+    dag = StreamDAG(assignment)
+    before = Report(find_hazards(dag), dag.streams)
+    plan = plan_syncs(assignment)
+
+    saved = torch.fx.Graph(owning_module=gm)
+    out = saved.graph_copy(gm.graph, {})
+    saved.output(out)
+    attrs = set(gm._modules)
+    try:
+        changed = apply_plan(gm, plan)
+    except Exception as e:
+        gm.graph = saved
+        for name in set(gm._modules) - attrs:
+            delattr(gm, name)
+        gm.recompile()
+        if isinstance(e, StreamPassError):
+            raise
+        raise StreamPassError(f"internal error while applying the sync plan ({e!r}); the graph was restored") from e
+
+    gm._streampass_external_events = external_events
+    if bind_runtime and (assignment.streams != [0] or plan.waits):
+        runtime.install(gm)
+    if check:
+        after_dag = StreamDAG.from_graph(gm, external_events)
+        after = Report(find_hazards(after_dag), after_dag.streams)
+    else:
+        after = Report([], dag.streams)
+    return RunResult(before, after, len(plan.records), len(plan.waits), changed, plan)

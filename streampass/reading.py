@@ -1,0 +1,222 @@
+"""Read every way a graph says where its nodes run into one :class:`StreamAssignment`.
+
+Rules, in order of precedence for a node's stream (see docs/design.md):
+
+1. a stream op's own stream argument (``record_event(e, s)`` runs on ``s``, ``wait_stream(w, x)``
+   on ``w``, ``fork(a, b)`` on ``a``, ``join(b, a)`` on ``a``), plain or inside ``control_deps``;
+2. ``node.meta["custom"]["stream"]``;
+3. the innermost open ``fork(from, to)`` … ``join(to, from)`` region before it in graph order;
+4. otherwise the ambient stream 0.
+
+Reading is pure: it never edits the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch.fx
+
+from . import ops
+from .annotate import AMBIENT, check_stream_index
+from .errors import StreamPassError
+
+
+@dataclass
+class StreamAssignment:
+    """Where each node of a graph runs, and the stream ops it already has.
+
+    Attributes:
+        graph: the graph read (not copied).
+        nodes: the graph's nodes in graph (issue) order.
+        stream: node -> stream index (0 = ambient).
+        syncs: node -> :class:`~streampass.ops.SyncCall` for every stream op (fork/join included).
+        root: node -> the node that made the storage its value lives in (views, in-place
+            results and ``control_deps`` passthroughs resolve to their source).
+        external_events: event indices the caller declared as recorded outside the graph.
+    """
+
+    graph: torch.fx.Graph
+    nodes: list[torch.fx.Node]
+    stream: dict[torch.fx.Node, int]
+    syncs: dict[torch.fx.Node, ops.SyncCall]
+    root: dict[torch.fx.Node, torch.fx.Node]
+    external_events: frozenset[int] = frozenset()
+    position: dict[torch.fx.Node, int] = field(default_factory=dict)
+
+    @property
+    def streams(self) -> list[int]:
+        """All stream indices used, ambient (0) always first."""
+        return sorted(set(self.stream.values()) | {AMBIENT})
+
+    def events(self) -> set[int]:
+        """Event indices that stream ops in the graph refer to."""
+        out = set()
+        for call in self.syncs.values():
+            if call.target in (ops.RECORD_EVENT, ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC):
+                out.add(call.args[0])
+        return out
+
+    def is_compute(self, node: torch.fx.Node) -> bool:
+        """A node that does work on a stream: a call that is not a stream op, an alias or a getitem."""
+        return (
+            node.op in ("call_function", "call_method", "call_module")
+            and node not in self.syncs
+            and not _is_passthrough_getitem(node)
+            and node.target is not ops.CONTROL_DEPS
+        )
+
+
+def _is_passthrough_getitem(node: torch.fx.Node) -> bool:
+    return ops.passthrough_source(node) is not None or (
+        node.op == "call_function"
+        and node.target.__name__ == "getitem"
+        and isinstance(node.args[0], torch.fx.Node)
+        and node.args[0].target is ops.CONTROL_DEPS
+    )
+
+
+def _graph_of(g: torch.fx.GraphModule | torch.fx.Graph) -> torch.fx.Graph:
+    if isinstance(g, torch.fx.GraphModule):
+        return g.graph
+    if isinstance(g, torch.fx.Graph):
+        return g
+    raise StreamPassError(f"expected a torch.fx.GraphModule or Graph, got {type(g).__name__}")
+
+
+def _annotated_stream(node: torch.fx.Node) -> int | None:
+    custom = node.meta.get("custom")
+    if not isinstance(custom, dict) or custom.get("stream") is None:
+        return None
+    return check_stream_index(custom["stream"], node.name)
+
+
+def _op_stream(call: ops.SyncCall) -> int:
+    """The stream a stream op is issued on, from its own arguments."""
+    t, a, name = call.target, call.args, call.node.name
+    ints = [x for x in a if not isinstance(x, torch.fx.Node)]
+    for x in ints:
+        if not isinstance(x, str):
+            check_stream_index(x, name)  # event and stream indices alike: non-negative ints
+    if t in (ops.RECORD_EVENT, ops.WAIT_EVENT):
+        return a[1]
+    if t is ops.SYNC_DEALLOC:
+        return a[1]
+    if t is ops.WAIT_STREAM:
+        return a[0]
+    if t is ops.RECORD_STREAM:
+        return check_stream_index(a[1], name)
+    if t is ops.FORK:
+        return a[0]
+    if t is ops.JOIN:
+        return a[1]
+    return AMBIENT  # synchronize_*: host-side barriers, issued from the ambient stream's thread
+
+
+def read_streams(
+    g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()
+) -> StreamAssignment:
+    """Read the stream of every node of ``g``.
+
+    Raises :class:`StreamPassError` (naming the node) for a join without its fork, a fork
+    never joined, a stream index that is not a non-negative int, and a wait on an event that
+    no earlier node records and that is not in ``external_events``.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(2):
+    ...         y = x * 2
+    ...     return y + x
+    >>> a = read_streams(make_fx(f)(torch.ones(2)))
+    >>> a.streams, sorted((n.name, s) for n, s in a.stream.items() if s)
+    ([0, 2], [('mul', 2)])
+    """
+    graph = _graph_of(g)
+    external = frozenset(check_stream_index(e) for e in external_events)
+    nodes = list(graph.nodes)
+    stream: dict[torch.fx.Node, int] = {}
+    syncs: dict[torch.fx.Node, ops.SyncCall] = {}
+    regions: list[tuple[int, torch.fx.Node]] = []  # open fork regions: (stream, fork node)
+    recorded: set[int] = set()
+
+    for node in nodes:
+        call = ops.as_sync_call(node)
+        if call is not None:
+            syncs[node] = call
+            s = _op_stream(call)
+            if call.target is ops.FORK:
+                src, dst = call.args
+                current = regions[-1][0] if regions else AMBIENT
+                if src != current:
+                    raise StreamPassError(
+                        f"fork from stream {src}, but the current stream here is {current}", node.name
+                    )
+                regions.append((dst, node))
+            elif call.target is ops.JOIN:
+                src, dst = call.args
+                if not regions:
+                    raise StreamPassError(f"join({src}, {dst}) without a matching fork", node.name)
+                top, fork_node = regions[-1]
+                if src != top:
+                    raise StreamPassError(
+                        f"join({src}, {dst}) does not close the innermost fork "
+                        f"{fork_node.name!r} to stream {top}",
+                        node.name,
+                    )
+                outer = regions[-2][0] if len(regions) > 1 else AMBIENT
+                if dst != outer:
+                    raise StreamPassError(
+                        f"join({src}, {dst}) returns to stream {dst}, but {fork_node.name!r} forked from {outer}",
+                        node.name,
+                    )
+                regions.pop()
+            elif call.target is ops.RECORD_EVENT:
+                recorded.add(call.args[0])
+            elif call.target in (ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC):
+                ev = call.args[0]
+                if ev not in recorded and ev not in external:
+                    raise StreamPassError(
+                        f"{call.name} waits on event {ev}, which no earlier node records; "
+                        f"pass external_events=[{ev}] if it is recorded outside the graph",
+                        node.name,
+                    )
+            stream[node] = s
+            continue
+        annotated = _annotated_stream(node)
+        if annotated is not None and node.op in ("placeholder", "get_attr", "output"):
+            annotated = None  # inputs are ready on the ambient stream; outputs are returned there
+        if annotated is not None:
+            stream[node] = annotated
+        elif node.op in ("placeholder", "get_attr", "output"):
+            stream[node] = AMBIENT
+        else:
+            stream[node] = regions[-1][0] if regions else AMBIENT
+
+    if regions:
+        s, fork_node = regions[-1]
+        raise StreamPassError(f"fork to stream {s} is never joined", fork_node.name)
+
+    # Passthrough getitems of control_deps run where their wrapper runs.
+    for node in nodes:
+        if node.op == "call_function" and _is_passthrough_getitem(node):
+            stream[node] = stream[node.args[0]]
+
+    return StreamAssignment(
+        graph=graph,
+        nodes=nodes,
+        stream=stream,
+        syncs=syncs,
+        root=_storage_roots(nodes),
+        external_events=external,
+        position={n: i for i, n in enumerate(nodes)},
+    )
+
+
+def _storage_roots(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in nodes:
+        src = ops.aliases_input(node)
+        root[node] = root.get(src, src) if src is not None else node
+    return root

@@ -1,0 +1,181 @@
+"""Calling a rewritten graph eagerly: the stream/event object table, per graph, per call.
+
+``torch.ops.streams`` ops look their int arguments up in dynamo's object table
+(``torch._dynamo.graph_bytecode_inputs``). Under ``torch.compile`` dynamo fills it. For a graph
+streampass rewrote and that you call yourself, :func:`bind` fills it for the duration of
+one call: index 0 is the stream current at call time, every other stream index gets one
+``torch.Stream`` owned by the graph, every event index one ``torch.Event``. Entries that were
+there before are put back afterwards, so nothing leaks from one graph to another.
+
+On CPU, torch's events cannot be recorded, so CPU graphs get :class:`NoOpEvent` and
+:class:`NoOpStream` (subclasses, so the ops' type checks pass); every sync is then a no-op
+and results equal the original graph's bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+
+import torch
+import torch.fx
+from torch._dynamo import graph_bytecode_inputs as table
+
+from .reading import read_streams
+
+
+class NoOpEvent(torch.Event):
+    """An event for devices without events (CPU): recording and waiting do nothing."""
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class NoOpStream(torch.Stream):
+    """A stream for devices without streams (CPU): waiting does nothing."""
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def graph_device(gm: torch.fx.GraphModule) -> torch.device:
+    """The device of the first tensor value in the graph's metadata (CPU if none is known)."""
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
+
+
+class StreamTable:
+    """The objects one graph's stream and event indices stand for.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + 1
+    >>> gm = make_fx(f)(torch.ones(2)); _ = sp.run(gm)
+    >>> t = StreamTable.for_graph(gm)
+    >>> sorted(t.streams), type(t.streams[1]).__name__
+    ([0, 1], 'NoOpStream')
+    """
+
+    def __init__(self, streams: dict[int, torch.Stream], events: dict[int, torch.Event], device: torch.device):
+        self.streams, self.events, self.device = streams, events, device
+
+    @classmethod
+    def for_graph(cls, gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> StreamTable:
+        device = torch.device(device) if device is not None else graph_device(gm)
+        a = read_streams(gm, external_events=_external(gm))
+        if device.type == "cpu" or device.type == "meta":
+            streams = {s: NoOpStream("cpu") for s in a.streams}
+            events = {e: NoOpEvent("cpu") for e in a.events()}
+        else:
+            streams = {s: torch.Stream(device) for s in a.streams if s != 0}
+            events = {e: torch.Event(device) for e in a.events()}
+        return cls(streams, events, device)
+
+    def entries(self) -> dict[int, object]:
+        out: dict[int, object] = dict(self.events)
+        out.update(self.streams)
+        if 0 not in self.streams:
+            out[0] = torch.accelerator.current_stream(self.device)
+        return out
+
+
+def _external(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    return tuple(getattr(gm, "_streampass_external_events", ()))
+
+
+@contextlib.contextmanager
+def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> Iterator[StreamTable]:
+    """Fill dynamo's object table for ``gm`` while the block runs; restore it afterwards."""
+    t = getattr(gm, "_streampass_table", None)
+    if t is None or (device is not None and torch.device(device) != t.device):
+        t = StreamTable.for_graph(gm, device)
+        gm._streampass_table = t
+    entries = t.entries()
+    saved = {i: table.index_to_external_object_weakref.get(i) for i in entries}
+    try:
+        for i, obj in entries.items():
+            table.index_to_external_object_weakref[i] = weakref.ref(obj)
+        yield t
+    finally:
+        for i, ref in saved.items():
+            if ref is None:
+                table.index_to_external_object_weakref.pop(i, None)
+            else:
+                table.index_to_external_object_weakref[i] = ref
+
+
+def install(gm: torch.fx.GraphModule) -> None:
+    """Make ``gm(*args)`` bind its table around every call (forward hooks; idempotent)."""
+    if getattr(gm, "_streampass_hooks", None):
+        return
+    stack: list[contextlib.ExitStack] = []
+
+    def pre(module, args):
+        es = contextlib.ExitStack()
+        es.enter_context(bind(module))
+        stack.append(es)
+
+    def post(module, args, output):
+        if stack:
+            stack.pop().close()
+
+    gm._streampass_hooks = (
+        gm.register_forward_pre_hook(pre),
+        gm.register_forward_hook(post, always_call=True),
+    )
+
+
+class StreamInterpreter(torch.fx.Interpreter):
+    """Runs each node on the stream it is assigned to (on CPU: same as calling the graph)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, table: StreamTable):
+        super().__init__(gm)
+        self.table = table
+        self.stream_of = read_streams(gm, external_events=_external(gm)).stream
+
+    def run_node(self, n: torch.fx.Node):
+        s = self.stream_of.get(n, 0)
+        obj = self.table.streams.get(s)
+        if s == 0 or obj is None or isinstance(obj, NoOpStream):
+            return super().run_node(n)
+        with obj:
+            return super().run_node(n)
+
+
+def execute(gm: torch.fx.GraphModule, *args, device: torch.device | str | None = None):
+    """Call ``gm`` with every node on its own stream (CUDA), the syncs doing their job.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> x = torch.randn(4); gm = make_fx(f)(x); _ = sp.run(gm)
+    >>> torch.equal(execute(gm, x), f(x))
+    True
+    """
+    with bind(gm, device) as t:
+        return StreamInterpreter(gm, t).run(*args)

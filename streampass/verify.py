@@ -1,0 +1,159 @@
+"""A static race detector: which ordering requirements the graph's syncs leave unmet."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch.fx
+
+from . import ops
+from .dag import StreamDAG
+from .hazards import CrossStreamValue, Requirement, requirements
+
+KINDS = ("raw", "war", "waw", "entry", "exit", "dealloc")
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """One race: ``kind`` (one of ``KINDS``), the node names involved, and what can go wrong."""
+
+    kind: str
+    nodes: tuple[str, ...]
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] {self.message}"
+
+
+@dataclass
+class Report:
+    """What :func:`verify` found. ``ok`` is True when there is no hazard."""
+
+    hazards: list[Hazard] = field(default_factory=list)
+    streams: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.hazards
+
+    def by_kind(self) -> dict[str, int]:
+        out = dict.fromkeys(KINDS, 0)
+        for h in self.hazards:
+            out[h.kind] += 1
+        return out
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"no hazards on streams {self.streams}"
+        lines = [f"{len(self.hazards)} hazard(s) on streams {self.streams}:"]
+        lines += [f"  {h}" for h in self.hazards]
+        return "\n".join(lines)
+
+
+def _describe(req: Requirement, dag: StreamDAG) -> Hazard:
+    b, a, v = req.before, req.after, req.value
+    sb, sa = dag.stream_of(b), dag.stream_of(a)
+    val = v.name if v is not None else None
+    k = req.kind
+    if k == "raw":
+        msg = (
+            f"{a.name} on stream {sa} reads {val}, written by {b.name} on stream {sb}, with no wait for it: "
+            f"the GPU can run {a.name} before {b.name} has finished writing"
+        )
+    elif k == "entry":
+        msg = (
+            f"{a.name} on stream {sa} uses graph input {val} without waiting for the ambient stream: "
+            f"it can run before the caller's pending work on {val} finishes"
+        )
+    elif k == "war":
+        msg = (
+            f"{a.name} on stream {sa} overwrites {val} while {b.name} on stream {sb} may still be reading it: "
+            f"{b.name} can see the new values"
+        )
+    elif k == "waw":
+        msg = (
+            f"{a.name} on stream {sa} writes {val} without waiting for the earlier write by {b.name} "
+            f"on stream {sb}: the two writes can land in either order"
+        )
+    elif v is not None:
+        msg = (
+            f"output {val} is written by {b.name} on stream {sb} but the ambient stream never waits for it: "
+            f"the caller can read it before it is ready"
+        )
+    else:
+        msg = (
+            f"stream {sb} (last node {b.name}) is not joined into the ambient stream before return: "
+            f"the caller can free or reuse memory that stream still uses"
+        )
+    return Hazard(k, (b.name, a.name), msg)
+
+
+def keepalive_waits(dag: StreamDAG) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """value root -> wait nodes that hold the value alive as an argument (deferred frees)."""
+    a = dag.assignment
+    out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node, call in a.syncs.items():
+        if call.target is ops.SYNC_DEALLOC:
+            held = [call.args[2]]
+        elif call.target in (ops.WAIT_EVENT, ops.WAIT_STREAM) and call.wrapper is not None:
+            held = list(call.wrapper.args[2:])
+        else:
+            continue
+        for x in held:
+            if isinstance(x, torch.fx.Node):
+                out.setdefault(a.root[x], []).append(node)
+    return out
+
+
+def dealloc_safe(dag: StreamDAG, cv: CrossStreamValue, keepalive, recorded_streams) -> bool:
+    """Whether ``cv``'s memory cannot be reused by its stream while another stream reads it."""
+    if all(s in recorded_streams.get(cv.value, ()) for s in cv.readers):
+        return True
+    readers = [r for rs in cv.readers.values() for r in rs]
+    for k in keepalive.get(cv.value, ()):
+        if dag.stream_of(k) == cv.stream and all(dag.happens_before(r, k) for r in readers):
+            return True
+    return False
+
+
+def find_hazards(dag: StreamDAG) -> list[Hazard]:
+    """Hazards of an already-built DAG, in graph order of the later node."""
+    a = dag.assignment
+    reqs, values = requirements(a)
+    found = [_describe(r, dag) for r in reqs if not dag.happens_before(r.before, r.after)]
+    keep = keepalive_waits(dag)
+    recorded: dict[torch.fx.Node, set[int]] = {}
+    for call in a.syncs.values():
+        if call.target is ops.RECORD_STREAM and isinstance(call.args[0], torch.fx.Node):
+            recorded.setdefault(a.root[call.args[0]], set()).add(call.args[1])
+    for cv in values:
+        if not dealloc_safe(dag, cv, keep, recorded):
+            s, readers = next(iter(cv.readers.items()))
+            found.append(
+                Hazard(
+                    "dealloc",
+                    (cv.value.name, readers[-1].name),
+                    f"{cv.value.name} is allocated on stream {cv.stream} and read by {readers[-1].name} on "
+                    f"stream {s}; once freed, the caching allocator can give its memory to new work on "
+                    f"stream {cv.stream} while stream {s} still reads it",
+                )
+            )
+    return found
+
+
+def verify(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()) -> Report:
+    """Check a graph for stream races; never edits it.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y * 2
+    >>> report = verify(make_fx(f)(torch.ones(2)))
+    >>> report.ok, sorted(k for k, n in report.by_kind().items() if n)
+    (False, ['dealloc', 'entry', 'exit', 'raw'])
+    """
+    dag = StreamDAG.from_graph(g, external_events)
+    return Report(find_hazards(dag), dag.streams)
