@@ -61,6 +61,8 @@ class _Editor:
         self.graph = gm.graph
         self.stream: dict[Node, int] = dict(self.a.stream)
         self.gate_node: dict = {}  # PlannedWait | existing node -> sync node in the graph
+        self.root: dict[Node, Node] = dict(self.a.root)
+        self.index: dict[Node, int] = {}
         self.changed = False
 
     # -- 1. insert the new plain sync nodes -------------------------------------------------
@@ -110,7 +112,8 @@ class _Editor:
     # -- 3. the data dependencies that encode the order -------------------------------------
     def encode(self) -> None:
         order = list(self.graph.nodes)
-        index = {n: i for i, n in enumerate(order)}
+        index = self.index
+        index.update((n, i) for i, n in enumerate(order))
         record_node_of_event: dict[int, Node] = {}
         for n in order:
             call = ops.as_sync_call(n)
@@ -166,7 +169,7 @@ class _Editor:
         """
         found = []
         for inp in consumer.all_input_nodes:
-            if self.a.root.get(inp, inp) is not value:
+            if self.root.get(inp, inp) is not value:
                 continue
             user, x = consumer, inp
             while True:
@@ -195,6 +198,7 @@ class _Editor:
             wrapped = self.graph.call_function(ops.CONTROL_DEPS, (tuple(deps), getter, *passthrough))
         wrapped.meta.update(sync.meta)
         self.stream[wrapped] = self.stream[sync]
+        self.index[wrapped] = self.index[sync]
         sync.replace_all_uses_with(wrapped)
         self.graph.erase_node(sync)
         self.changed = True
@@ -231,6 +235,8 @@ class _Editor:
                     g = self.graph.call_function(operator.getitem, (wrapped, passthrough.index(inp) + 1))
                 g.meta.update(inp.meta)
                 self.stream[g] = self.stream[wrapped]
+                self.root[g] = self.root.get(inp, inp)
+                self.index[g] = self.index[wrapped]
                 _set_stream(g, self.stream[wrapped])
                 outs[inp] = g
                 last = g

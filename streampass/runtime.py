@@ -179,3 +179,27 @@ def execute(gm: torch.fx.GraphModule, *args, device: torch.device | str | None =
     """
     with bind(gm, device) as t:
         return StreamInterpreter(gm, t).run(*args)
+
+
+class _SerialInterpreter(torch.fx.Interpreter):
+    def run_node(self, n: torch.fx.Node):
+        from . import ops
+
+        if ops.as_sync_call(n) is not None:
+            return None if n.target is not ops.CONTROL_DEPS else (None, *self.map_nodes_to_values(n.args[2:], n))
+        return super().run_node(n)
+
+
+def run_serial(gm: torch.fx.GraphModule, *args):
+    """Run ``gm`` in graph order on one stream, skipping every stream op: the program's meaning.
+
+    This is the reference a rewritten graph is compared against (fork/join graphs cannot be
+    called eagerly on CPU: ``fork`` switches the accelerator's current stream).
+
+    >>> import torch
+    >>> from streampass.synthetic import random_stream_graph, random_inputs
+    >>> gm = random_stream_graph(10, 2, style="fork_join")
+    >>> len(run_serial(gm, *random_inputs(gm)))
+    3
+    """
+    return _SerialInterpreter(gm).run(*args)
