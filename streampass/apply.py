@@ -21,10 +21,10 @@ import operator
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from . import ops
 from .annotate import AMBIENT
-from .errors import StreamPassError
 from .plan import PlannedWait, SyncPlan
 
 Node = torch.fx.Node
@@ -45,12 +45,14 @@ def _set_stream(node: Node, s: int) -> None:
         node.meta.pop("custom", None)
 
 
-def _sync_subgraph(owner: torch.nn.Module, target, int_args: tuple, n_pass: int) -> torch.fx.GraphModule:
+def _sync_subgraph(owner: torch.nn.Module, target, n_int: int, n_pass: int) -> torch.fx.GraphModule:
     g = torch.fx.Graph()
+    ints = [g.placeholder(f"index_{i}") for i in range(n_int)]
     phs = [g.placeholder(f"dep_{i}") for i in range(n_pass)]
-    result = g.call_function(target, int_args)
+    result = g.call_function(target, tuple(ints))
     g.output((result, *phs))
-    return torch.fx.GraphModule(owner, g, class_name="StreamSync")
+    # Lazy: the subgraph's Python code is generated on first call, not for every sync we add.
+    return _LazyGraphModule(owner, g, class_name="StreamSync")
 
 
 class _Editor:
@@ -63,6 +65,8 @@ class _Editor:
         self.gate_node: dict = {}  # PlannedWait | existing node -> sync node in the graph
         self.root: dict[Node, Node] = dict(self.a.root)
         self.index: dict[Node, int] = {}
+        self.subgraphs: dict[tuple, Node] = {}
+        self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.changed = False
 
     # -- 1. insert the new plain sync nodes -------------------------------------------------
@@ -188,46 +192,53 @@ class _Editor:
         return found
 
     def _wrap(self, sync: Node, call: ops.SyncCall, deps: list[Node], passthrough, rewires) -> Node:
+        """Wrap a plain sync in ``control_deps`` (or extend an existing wrapper); returns the wrapper."""
         if call.wrapper is not None:
-            return self._extend(call.wrapper, call, deps, passthrough, rewires)
-        name = sync.name
-        attr = _free_attr(self.gm, f"streampass_{name}")
-        self.gm.add_submodule(attr, _sync_subgraph(self.gm, call.target, call.args, len(passthrough)))
+            wrapped = call.wrapper
+            old_pass = ops.passthrough_values(wrapped)
+            missing = [d for d in deps if d not in wrapped.args[0] and d is not wrapped]
+            new_pass = [p for p in passthrough if p not in old_pass]
+            if missing or new_pass:
+                all_pass = old_pass + new_pass
+                wrapped.args = (tuple(wrapped.args[0]) + tuple(missing), self._subgraph(call, len(all_pass)), *call.args, *all_pass)
+                self.changed = True
+            self._reroute(wrapped, ops.passthrough_values(wrapped), rewires)
+            return wrapped
         with self.graph.inserting_before(sync):
-            getter = self.graph.get_attr(attr)
-            wrapped = self.graph.call_function(ops.CONTROL_DEPS, (tuple(deps), getter, *passthrough))
+            wrapped = self.graph.call_function(
+                ops.CONTROL_DEPS, (tuple(deps), self._subgraph(call, len(passthrough)), *call.args, *passthrough)
+            )
         wrapped.meta.update(sync.meta)
         self.stream[wrapped] = self.stream[sync]
         self.index[wrapped] = self.index[sync]
         sync.replace_all_uses_with(wrapped)
         self.graph.erase_node(sync)
         self.changed = True
-        self._reroute(wrapped, passthrough, rewires, offset=0)
+        self._reroute(wrapped, passthrough, rewires)
         return wrapped
 
-    def _extend(self, wrapped: Node, call: ops.SyncCall, deps, passthrough, rewires) -> Node:
-        """Add missing deps and passthroughs to an existing ``control_deps`` node."""
-        old_deps = list(wrapped.args[0])
-        missing = [d for d in deps if d not in old_deps and d is not wrapped]
-        old_pass = list(wrapped.args[2:])
-        new_pass = [p for p in passthrough if p not in old_pass]
-        if missing or new_pass:
-            if new_pass:
-                attr = wrapped.args[1].target
-                sub = _sync_subgraph(self.gm, call.target, call.args, len(old_pass) + len(new_pass))
-                if any(isinstance(x, Node) for x in call.args):
-                    raise StreamPassError(f"cannot extend a control_deps wrapper of {call.name} with tensor args", wrapped.name)
-                setattr(self.gm, attr, sub)
-            wrapped.args = (tuple(old_deps + missing), wrapped.args[1], *old_pass, *new_pass)
-            self.changed = True
-        self._reroute(wrapped, old_pass + new_pass, rewires, offset=0)
-        return wrapped
+    def _subgraph(self, call: ops.SyncCall, n_pass: int) -> Node:
+        """The get_attr node of the shared subgraph ``(*int_args, *passthrough) -> (op(...), *passthrough)``.
 
-    def _reroute(self, wrapped: Node, passthrough: list[Node], rewires, offset: int) -> None:
+        One subgraph serves every sync with the same op and passthrough count: the event and
+        stream indices are arguments, not constants, so thousands of syncs share a handful
+        of subgraph modules.
+        """
+        key = (call.target, len(call.args), n_pass)
+        getter = self.subgraphs.get(key)
+        if getter is None:
+            attr = _free_attr(self.gm, f"streampass_{call.name}_{n_pass}")
+            self.gm.add_submodule(attr, _sync_subgraph(self.gm, call.target, len(call.args), n_pass))
+            where = self.placeholders[-1] if self.placeholders else None
+            with self.graph.inserting_after(where) if where is not None else self.graph.inserting_before(None):
+                getter = self.subgraphs[key] = self.graph.get_attr(attr)
+        return getter
+
+    def _reroute(self, wrapped: Node, passthrough: list[Node], rewires) -> None:
         outs: dict[Node, Node] = {}
         for user in wrapped.users:
-            if user.target is operator.getitem and isinstance(user.args[1], int) and user.args[1] >= 1:
-                outs.setdefault(passthrough[user.args[1] - 1], user) if user.args[1] - 1 < len(passthrough) else None
+            if user.target is operator.getitem and isinstance(user.args[1], int) and 1 <= user.args[1] <= len(passthrough):
+                outs.setdefault(passthrough[user.args[1] - 1], user)
         last = wrapped
         for user, inp in rewires:
             if inp not in outs:
@@ -242,7 +253,6 @@ class _Editor:
                 last = g
             user.replace_input_with(inp, outs[inp])
             self.changed = True
-
 
 
 def _free_attr(gm: torch.nn.Module, base: str) -> str:

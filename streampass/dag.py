@@ -86,7 +86,14 @@ class StreamDAG:
         self.assignment = assignment
         self.slot, self.clock = vector_clocks(assignment)
         self._by_name = {n.name: n for n in assignment.nodes}
-        self.nx = self._build()
+        self._nx: nx.DiGraph | None = None
+
+    @property
+    def nx(self) -> nx.DiGraph:
+        """The networkx view, built on first use (verification needs only the clocks)."""
+        if self._nx is None:
+            self._nx = self._build()
+        return self._nx
 
     @classmethod
     def from_graph(cls, g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()) -> StreamDAG:
@@ -123,6 +130,55 @@ class StreamDAG:
             for u, v, d in self.nx.edges(data=True)
             if "data" in d["kinds"] and self.nx.nodes[u]["stream"] != self.nx.nodes[v]["stream"]
         ]
+
+    def hazards(self):
+        """The races of this graph (see :func:`streampass.verify`), computed once."""
+        if getattr(self, "_hazards", None) is None:
+            from .verify import find_hazards
+
+            self._hazards = find_hazards(self)
+        return self._hazards
+
+    # -- views (implemented in streampass.view) --------------------------------------------
+    def to_dot(self, **kwargs) -> str:
+        """Graphviz DOT source: one cluster per stream, hazards in red (see streampass.view)."""
+        from . import view
+
+        return view.to_dot(self, **kwargs)
+
+    def to_json(self) -> str:
+        """Nodes, edges, streams and hazards as JSON; :meth:`from_json` reads it back."""
+        from . import view
+
+        return view.to_json(self)
+
+    @staticmethod
+    def from_json(text: str):
+        from . import view
+
+        return view.from_json(text)
+
+    def view(self, around=None, depth: int = 2, stream: int | None = None, **kwargs):
+        """A displayable view of part of the DAG (a node's neighbourhood, or one stream)."""
+        from . import view
+
+        return view.view(self, around=around, depth=depth, stream=stream, **kwargs)
+
+    def draw(self, path, **kwargs):
+        """Write a picture (PNG/SVG) of the DAG to ``path``."""
+        from . import view
+
+        return view.draw(self, path, **kwargs)
+
+    def _repr_svg_(self):
+        from . import view
+
+        return view.repr_svg(self)
+
+    def _repr_html_(self):
+        from . import view
+
+        return view.repr_html(self)
 
     # -- construction ---------------------------------------------------------------------
     def _build(self) -> nx.DiGraph:

@@ -112,6 +112,18 @@ def passthrough_source(node: torch.fx.Node) -> torch.fx.Node | None:
     return src.args[2 + placeholders.index(out[idx])]
 
 
+def passthrough_values(wrapper: torch.fx.Node) -> list[torch.fx.Node]:
+    """The values a ``control_deps`` node passes through: ``getitem(wrapper, i)`` is item ``i - 1``."""
+    sub = _subgraph_module(wrapper)
+    if sub is None:
+        return []
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in reversed(sub.graph.nodes) if n.op == "output").args[0]
+    if not isinstance(out, (tuple, list)):
+        return []
+    return [wrapper.args[2 + placeholders.index(o)] for o in out[1:] if o in placeholders]
+
+
 def mutated_arg_positions(node: torch.fx.Node) -> list[int]:
     """Positions of the arguments an op writes (from its schema's alias annotations)."""
     schema = getattr(node.target, "_schema", None)

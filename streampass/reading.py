@@ -13,6 +13,7 @@ Reading is pure: it never edits the graph.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -69,9 +70,10 @@ class StreamAssignment:
 
 
 def _is_passthrough_getitem(node: torch.fx.Node) -> bool:
-    return ops.passthrough_source(node) is not None or (
+    """A getitem of a ``control_deps`` result: an alias that only carries ordering."""
+    return (
         node.op == "call_function"
-        and node.target.__name__ == "getitem"
+        and node.target is operator.getitem
         and isinstance(node.args[0], torch.fx.Node)
         and node.args[0].target is ops.CONTROL_DEPS
     )
