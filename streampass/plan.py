@@ -1,23 +1,28 @@
 """The sync plan: which records and waits make a graph race-free, with the fewest waits (pure).
 
 The planner walks the graph in issue order with one vector clock per stream (as
-:mod:`streampass.dag` does), using the syncs the graph already has. At each node whose
-ordering requirements (:mod:`streampass.hazards`) are not yet implied, it adds waits just
-before the node, on as few source streams as cover every unmet requirement, each waiting
-for a record taken at the source stream's current end. It then moves every record it
-added back to the earliest point that still covers what the waits were actually relied on
-for, so a waiting stream never waits for work it does not need. See docs/plan.md for
-why the number of waits is minimal for the given node order.
+:mod:`streampass.dag` does), honouring the syncs the graph already has. A *demand* is a
+point with ordering requirements (:mod:`streampass.hazards`) that happens-before does not
+yet imply: a node reading another stream's value, the output (exit), or the free point of
+a value read on another stream (dealloc). At a demand the plan adds waits right there, each
+for a source stream's whole progress so far, on a set of source streams that together cover
+every unmet requirement. Knowledge travels transitively: a wait on stream b for stream a
+also brings what a already knew, so later demands often need nothing.
 
-Three kinds of consumer are planned: graph nodes (raw/war/waw/entry), the output node
-(exit: every output and every side stream joined into the ambient stream), and one "free
-point" per value read on a stream other than its own (dealloc: the allocating stream waits
-for the readers before the value may be freed; the value rides on that wait so it stays
-alive until then).
+Which set of sources to wait on is a real choice once three or more streams are involved
+(two single-wait covers can leave different knowledge behind), so the choices are
+searched: a Pareto frontier of (waits so far, clocks) states, pruned by dominance. The
+result is the fewest waits among plans whose every wait sits at a demand and delivers
+something that demand needs (docs/plan.md has the argument); ``SyncPlan.exact`` says
+whether the frontier stayed within its bound (it does on all but pathological graphs).
+
+Afterwards each record moves back to the latest source node some consumer relies on, so a
+waiting stream never waits for work it does not need.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -25,23 +30,30 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from . import ops
-from .annotate import AMBIENT
-from .hazards import requirements
+from .dag import vector_clocks
+from .hazards import CrossStreamValue, requirements
 from .reading import StreamAssignment
 
 Node = torch.fx.Node
 
+#: Most states the search keeps per step; past it the plan is still valid, just not proven minimal.
+FRONTIER_LIMIT = 24
+
 
 @dataclass(eq=False)
 class PlannedWait:
-    """Insert ``wait_event(record.event, stream)`` right before ``before``."""
+    """Insert ``wait_event(record.event, stream)`` right before ``before``.
+
+    ``required`` is the position on ``source`` that consumers rely on (the record goes right
+    after it); ``available`` is how far ``source`` had got when the wait is issued.
+    """
 
     stream: int
     source: int
     before: Node
-    position: float  # where the wait sits in ``stream``'s issue order (between two nodes)
-    snapshot: tuple[int, ...]  # the source stream's clock when the wait is issued
-    required: float = 0.0  # the latest source position some consumer relies on
+    position: float  # where the wait sits in ``stream``'s issue order, between two nodes
+    available: int
+    required: float = 0
     record: PlannedRecord | None = None
     used: bool = False
 
@@ -52,15 +64,13 @@ class PlannedWait:
 
 @dataclass(eq=False)
 class PlannedRecord:
-    """``record_event(event, stream)`` right after ``anchor`` (or reuse ``existing``)."""
+    """``record_event(event, stream)`` right after ``anchor`` (None: at graph entry)."""
 
     stream: int
     event: int
-    anchor: Node | PlannedWait | None  # None: at graph entry
-    existing: Node | None = None
-
-
-Gate = "Node | PlannedWait"
+    anchor: Node | PlannedWait | None
+    existing: Node | None = None  # an existing record of the graph, reused
+    node: Node | None = None  # the node apply() created
 
 
 @dataclass
@@ -68,12 +78,14 @@ class SyncPlan:
     """Everything :func:`streampass.apply.apply_plan` needs, computed without editing the graph.
 
     Attributes:
-        waits: new waits, in the order they must be inserted.
-        records: new records (records of existing events reused by a wait are not listed).
-        protect: gate (an existing wait node or a :class:`PlannedWait`) -> (consumer, value)
-            pairs: ``consumer`` must be data-dependent on the gate for the tensor ``value``.
+        waits: new waits, in walk order.
+        records: new records (existing records reused by a new wait are not listed).
+        protect: gate (an existing sync node or a :class:`PlannedWait`) -> (consumer, value)
+            pairs: ``consumer`` must be data-dependent on the gate for the tensor ``value``
+            (None: ordering only, e.g. a side stream joined at exit).
         keepalive: gate -> values the gate must hold alive (deferred frees).
         first_event: the first event index new records use.
+        exact: whether the search proved the wait count minimal (see module docs).
     """
 
     assignment: StreamAssignment
@@ -82,6 +94,7 @@ class SyncPlan:
     protect: dict = field(default_factory=lambda: defaultdict(list))
     keepalive: dict = field(default_factory=lambda: defaultdict(list))
     first_event: int = 0
+    exact: bool = True
 
     @property
     def is_empty(self) -> bool:
@@ -99,166 +112,274 @@ def first_free_event(a: StreamAssignment) -> int:
     return max(used) + 1
 
 
+class _Clocks:
+    """Every stream's vector clock, and the clocks existing records captured."""
+
+    __slots__ = ("vc", "events")
+
+    def __init__(self, vc: list[list[int]], events: dict[int, list[int]]):
+        self.vc, self.events = vc, events
+
+    def copy(self) -> _Clocks:
+        return _Clocks([list(r) for r in self.vc], {e: list(c) for e, c in self.events.items()})
+
+    def dominates(self, other: _Clocks) -> bool:
+        return all(x >= y for r, o in zip(self.vc, other.vc) for x, y in zip(r, o)) and all(
+            e in self.events and all(x >= y for x, y in zip(self.events[e], c)) for e, c in other.events.items()
+        )
+
+
+@dataclass
+class _Demand:
+    stream: int  # slot
+    needs: list[tuple[Node, Node | None]]
+    before: Node
+    on_gate: object  # callable(gate, value)
+
+
 class _Planner:
-    def __init__(self, a: StreamAssignment):
-        self.a = a
+    def __init__(self, a: StreamAssignment, dealloc: bool):
+        self.a, self.dealloc = a, dealloc
         self.streams = a.streams
         self.slot = {s: i for i, s in enumerate(self.streams)}
-        n = len(self.streams)
-        self.vc = [[0] * n for _ in self.streams]
         self.pos: dict[Node, int] = {}
-        # cover[b][a]: (threshold, gate) in the order gates raised stream b's knowledge of a.
-        self.cover = [[[] for _ in self.streams] for _ in self.streams]
-        self.items: list[dict[float, Gate]] = [{} for _ in self.streams]  # position -> item
-        self.gate_pos: dict = {}
-        self.event_clock: dict[int, list[int]] = {}
-        self.existing_records: list[list[tuple[int, Node, int]]] = [[] for _ in self.streams]
-        self.record_count: dict[int, int] = defaultdict(int)
-        for call in a.syncs.values():
-            if call.target is ops.RECORD_EVENT:
-                self.record_count[call.args[0]] += 1
-        self.relied: dict = {}
+        counts = [0] * len(self.streams)
+        for n in a.nodes:
+            i = self.slot[a.stream[n]]
+            counts[i] += 1
+            self.pos[n] = counts[i]
         self.plan = SyncPlan(a, first_event=first_free_event(a))
 
-    # -- clock bookkeeping ------------------------------------------------------------------
-    def _gain(self, b: int, new: list[int], gate) -> None:
-        mine = self.vc[b]
-        for i, v in enumerate(new):
-            if v > mine[i]:
-                mine[i] = v
-                if i != b:
-                    self.cover[b][i].append((v, gate))
+    # -- shared by the search and the walk ------------------------------------------------
+    def _fresh(self) -> _Clocks:
+        n = len(self.streams)
+        return _Clocks([[0] * n for _ in range(n)], {})
 
-    def _issue(self, node: Node) -> None:
+    def _issue(self, clk: _Clocks, node: Node, gained=None) -> None:
+        """Advance ``clk`` past ``node``; ``gained(b, slot, value, gate)`` hears of new knowledge."""
         b = self.slot[self.a.stream[node]]
-        self.vc[b][b] += 1
-        p = self.vc[b][b]
-        self.pos[node] = p
-        self.items[b][p] = node
-        self.gate_pos[node] = p
+        mine = clk.vc[b]
+        mine[b] += 1
         call = self.a.syncs.get(node)
         if call is None:
             return
+        src = None
         if call.target is ops.RECORD_EVENT:
-            ev = call.args[0]
-            self.event_clock[ev] = list(self.vc[b])
-            if self.record_count[ev] == 1:
-                self.existing_records[b].append((p, node, ev))
-        elif call.target is ops.WAIT_EVENT and call.args[0] in self.event_clock:
-            self._gain(b, self.event_clock[call.args[0]], node)
+            clk.events[call.args[0]] = list(mine)
+        elif call.target is ops.WAIT_EVENT:
+            src = clk.events.get(call.args[0])
         elif call.target is ops.WAIT_STREAM:
-            self._gain(b, list(self.vc[self.slot[call.args[1]]]), node)
+            src = list(clk.vc[self.slot[call.args[1]]])
         # synchronize_* and sync_dealloc are honoured by verify, but the planner does not rely
         # on them: they cannot carry the data dependencies that keep the order under reordering.
+        if src is not None:
+            self._join(clk, b, src, node, gained)
 
-    # -- choosing waits ---------------------------------------------------------------------
-    def _unmet(self, b: int, needs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        mine = self.vc[b]
-        return [(s, p) for s, p in needs if mine[s] < p]
+    @staticmethod
+    def _join(clk: _Clocks, b: int, src: list[int], gate, gained) -> None:
+        mine = clk.vc[b]
+        for i, v in enumerate(src):
+            if v > mine[i]:
+                mine[i] = v
+                if gained is not None and i != b:
+                    gained(b, i, v, gate)
 
-    def _add_waits(self, b: int, unmet: list[tuple[int, int]], before: Node) -> None:
-        candidates = [x for x in range(len(self.streams)) if x != b and any(self.vc[x][s] >= p for s, p in unmet)]
-        best = None
-        for size in range(1, len(candidates) + 1):
-            for combo in itertools.combinations(candidates, size):
-                if all(max(self.vc[x][s] for x in combo) >= p for s, p in unmet):
-                    score = sum(max([self.vc[b][i]] + [self.vc[x][i] for x in combo]) for i in range(len(self.streams)))
-                    if best is None or score > best[0]:
-                        best = (score, combo)
-            if best is not None:
-                break
-        assert best is not None, "a need on a stream that never reached it"  # requirements point backwards
-        base = self.vc[b][b]
-        for k, x in enumerate(best[1]):
-            w = PlannedWait(
-                stream=self.streams[b],
-                source=self.streams[x],
-                before=before,
-                position=base + 0.5 + k / (2 * len(self.streams) + 2) + self._bump(b, base),
-                snapshot=tuple(self.vc[x]),
-            )
-            self.items[b][w.position] = w
-            self.gate_pos[w] = w.position
-            self.plan.waits.append(w)
-            self._gain(b, list(self.vc[x]), w)
+    def _unmet(self, clk: _Clocks, d: _Demand) -> list[tuple[int, int]]:
+        mine = clk.vc[d.stream]
+        out = []
+        for producer, _ in d.needs:
+            s, p = self.slot[self.a.stream[producer]], self.pos[producer]
+            if mine[s] < p:
+                out.append((s, p))
+        return out
 
-    def _bump(self, b: int, base: int) -> float:
-        # Several groups of waits can sit between the same two nodes of a stream (free points
-        # and the exit both go before the output node): keep their positions distinct.
-        n = sum(1 for p in self.items[b] if base < p < base + 1)
-        return n / 1000.0
+    def _covers(self, clk: _Clocks, b: int, unmet: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+        """Every set of source streams whose current clocks together cover ``unmet``, each
+        member covering something (a wait that delivers nothing needed is never added)."""
+        useful = [x for x in range(len(self.streams)) if x != b and any(clk.vc[x][s] >= p for s, p in unmet)]
+        out = []
+        for size in range(1, len(useful) + 1):
+            for combo in itertools.combinations(useful, size):
+                if all(max(clk.vc[x][s] for x in combo) >= p for s, p in unmet):
+                    out.append(combo)
+        return out
 
-    def _covering_gate(self, b: int, s: int, p: int):
-        for threshold, gate in self.cover[b][s]:
-            if threshold >= p:
-                return gate
-        raise AssertionError("requirement met without a gate")  # pragma: no cover
-
-    def _rely(self, gate, s: int, p: int) -> None:
-        """Record that someone relies on ``gate`` for knowing stream slot ``s`` up to ``p``."""
-        if not isinstance(gate, PlannedWait):
-            return  # an existing sync: its record is where it is
-        key = (id(gate), s)
-        if self.relied.get(key, -1) >= p:
-            return
-        self.relied[key] = p
-        gate.used = True
-        x = self.slot[gate.source]
-        if x == s:
-            gate.required = max(gate.required, p)
-            return
-        inner = self._covering_gate(x, s, p)
-        gate.required = max(gate.required, self.gate_pos[inner])
-        self._rely(inner, s, p)
-
-    def satisfy(self, stream: int, needs: list[tuple[Node, Node | None]], before: Node, on_gate) -> None:
-        """Make every ``(producer, value)`` in ``needs`` happen before a point on ``stream``."""
-        b = self.slot[stream]
-        slots = [(self.slot[self.a.stream[n]], self.pos[n]) for n, _ in needs]
-        unmet = self._unmet(b, slots)
-        if unmet:
-            self._add_waits(b, unmet, before)
-        for (s, p), (_, value) in zip(slots, needs):
-            gate = self._covering_gate(b, s, p)
-            self._rely(gate, s, p)
-            on_gate(gate, value)
-
-    # -- the walk ---------------------------------------------------------------------------
-    def run(self) -> SyncPlan:
-        a, plan = self.a, self.plan
-        reqs, values = requirements(a)
+    def _events(self, reqs, values: list[CrossStreamValue]):
+        """The walk: ("issue", node) and ("demand", _Demand) in issue order."""
+        plan = self.plan
         by_consumer: dict[Node, list] = defaultdict(list)
         for r in reqs:
             by_consumer[r.after].append((r.before, r.value))
-        for node in a.nodes:
+        held = self._already_held(values)
+        for node in self.a.nodes:
             if node.op == "output":
-                self._plan_exit(node, by_consumer[node], values)
-                break
+                needs = by_consumer.get(node)
+                if needs:
+                    yield "demand", _Demand(
+                        self.slot[self.a.stream[node]], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
+                    )
+                for cv in values:
+                    if cv.value in held:
+                        continue
+                    # The value's stream waits for every reader before the value may be freed;
+                    # the value rides on that wait, so it stays alive until the wait is issued.
+                    readers = [(r, None) for rs in cv.readers.values() for r in rs]
+                    yield "demand", _Demand(
+                        self.slot[cv.stream], readers, node, lambda g, _v, v=cv.value: plan.keepalive[g].append(v)
+                    )
+                return
             needs = by_consumer.get(node)
             if needs:
-                self.satisfy(a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v)))
-            self._issue(node)
+                yield "demand", _Demand(
+                    self.slot[self.a.stream[node]], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
+                )
+            yield "issue", node
+
+    def _already_held(self, values: list[CrossStreamValue]) -> set[Node]:
+        """Values an existing wait already keeps alive past all their other-stream readers."""
+        if not values:
+            return set()
+        _, clock = vector_clocks(self.a)
+        holders: dict[Node, list[Node]] = defaultdict(list)
+        for node, call in self.a.syncs.items():
+            if call.wrapper is not None and call.target in (ops.WAIT_EVENT, ops.WAIT_STREAM):
+                for x in call.wrapper.args[2:]:
+                    if isinstance(x, Node):
+                        holders[self.a.root[x]].append(node)
+        out = set()
+        for cv in values:
+            readers = [r for rs in cv.readers.values() for r in rs]
+            for k in holders.get(cv.value, ()):
+                if self.a.stream[k] == cv.stream and all(
+                    clock[k][self.slot[self.a.stream[r]]] >= clock[r][self.slot[self.a.stream[r]]] for r in readers
+                ):
+                    out.add(cv.value)
+        return out
+
+    # -- 1. search: which sources each demand waits on ---------------------------------------
+    def _search(self, events: list) -> list[tuple[int, ...]]:
+        frontier: list[tuple[int, _Clocks, tuple]] = [(0, self._fresh(), ())]
+        for kind, item in events:
+            if kind == "issue":
+                for _, clk, _ in frontier:
+                    self._issue(clk, item)
+                continue
+            grown = []
+            for cost, clk, hist in frontier:
+                unmet = self._unmet(clk, item)
+                if not unmet:
+                    grown.append((cost, clk, (hist, ())))
+                    continue
+                options = self._covers(clk, item.stream, unmet)
+                for combo in options:
+                    nxt = clk.copy() if len(options) > 1 else clk
+                    for x in combo:
+                        nxt.vc[item.stream] = [max(u, v) for u, v in zip(nxt.vc[item.stream], nxt.vc[x])]
+                    grown.append((cost + len(combo), nxt, (hist, combo)))
+            frontier = self._prune(grown)
+        best = min(frontier, key=lambda t: t[0])[2]
+        choices = []
+        while best:
+            best, combo = best
+            choices.append(combo)
+        return choices[::-1]
+
+    def _prune(self, states: list) -> list:
+        if len(states) == 1:
+            return states
+        states.sort(key=lambda t: (t[0], -sum(map(sum, t[1].vc))))
+        kept: list = []
+        for st in states:
+            if not any(k[0] <= st[0] and k[1].dominates(st[1]) for k in kept):
+                kept.append(st)
+        if len(kept) > FRONTIER_LIMIT:
+            self.plan.exact = False
+            kept = kept[:FRONTIER_LIMIT]
+        return kept
+
+    # -- 2. walk: place the chosen waits, track which gate each consumer relies on ----------
+    def _walk(self, events: list, choices: list[tuple[int, ...]]) -> None:
+        n = len(self.streams)
+        clk = self._fresh()
+        cover_t = [[[] for _ in range(n)] for _ in range(n)]  # thresholds, increasing
+        cover_g = [[[] for _ in range(n)] for _ in range(n)]  # the gate that raised it
+        self.gate_pos: dict = {}
+        self.item_at: list[dict[float, object]] = [{} for _ in range(n)]
+        self.existing_records: list[list[tuple[int, Node, int]]] = [[] for _ in range(n)]
+        record_count: dict[int, int] = defaultdict(int)
+        for call in self.a.syncs.values():
+            if call.target is ops.RECORD_EVENT:
+                record_count[call.args[0]] += 1
+
+        def gained(b, i, v, gate):
+            cover_t[b][i].append(v)
+            cover_g[b][i].append(gate)
+
+        def covering_gate(b, s, p):
+            return cover_g[b][s][bisect.bisect_left(cover_t[b][s], p)]
+
+        relied: dict = {}
+
+        def rely(gate, s, p):
+            if not isinstance(gate, PlannedWait):
+                return  # an existing sync: its record is where it is
+            key = (id(gate), s)
+            if relied.get(key, -1) >= p:
+                return
+            relied[key] = p
+            gate.used = True
+            x = self.slot[gate.source]
+            if x == s:
+                gate.required = max(gate.required, p)
+                return
+            inner = covering_gate(x, s, p)  # how the source knew: it must record after that
+            gate.required = max(gate.required, self.gate_pos[inner])
+            rely(inner, s, p)
+
+        in_gap: dict[tuple[int, int], int] = defaultdict(int)  # waits already between two nodes
+        picks = iter(choices)
+        for kind, item in events:
+            if kind == "issue":
+                b = self.slot[self.a.stream[item]]
+                self._issue(clk, item, gained)
+                p = self.pos[item]
+                self.item_at[b][p] = item
+                self.gate_pos[item] = p
+                call = self.a.syncs.get(item)
+                if call is not None and call.target is ops.RECORD_EVENT and record_count[call.args[0]] == 1:
+                    self.existing_records[b].append((p, item, call.args[0]))
+                continue
+            b = item.stream
+            combo = next(picks)
+            if self._unmet(clk, item):
+                base = clk.vc[b][b]
+                for x in combo:
+                    in_gap[b, base] += 1
+                    w = PlannedWait(
+                        stream=self.streams[b],
+                        source=self.streams[x],
+                        before=item.before,
+                        # strictly between nodes base and base + 1 of the stream, in walk order
+                        position=base + in_gap[b, base] / (len(self.streams) * (len(self.a.nodes) + 2)),
+                        available=clk.vc[x][x],
+                    )
+                    self.item_at[b][w.position] = w
+                    self.gate_pos[w] = w.position
+                    self.plan.waits.append(w)
+                    self._join(clk, b, list(clk.vc[x]), w, gained)
+            for producer, value in item.needs:
+                s, p = self.slot[self.a.stream[producer]], self.pos[producer]
+                gate = covering_gate(b, s, p)
+                rely(gate, s, p)
+                item.on_gate(gate, value)
+
+    def run(self) -> SyncPlan:
+        reqs, values = requirements(self.a)
+        events = list(self._events(reqs, values if self.dealloc else []))
+        choices = self._search(events)
+        self._walk(events, choices)
         self._place_records()
-        return plan
-
-    def _plan_exit(self, output: Node, needs, values) -> None:
-        plan, a = self.plan, self.a
-
-        def hold(value):
-            return lambda g, _v: plan.keepalive[g].append(value)
-
-        def free_point(cv):
-            readers = [(r, None) for rs in cv.readers.values() for r in rs]
-            self.satisfy(cv.stream, readers, output, hold(cv.value))
-
-        for cv in values:
-            if cv.stream != AMBIENT:
-                free_point(cv)
-        if needs:
-            self.satisfy(a.stream[output], needs, output, lambda g, v: plan.protect[g].append((output, v)))
-        for cv in values:
-            if cv.stream == AMBIENT:
-                free_point(cv)
+        return self.plan
 
     def _place_records(self) -> None:
         plan = self.plan
@@ -269,7 +390,7 @@ class _Planner:
             reuse = [
                 (p, n, ev)
                 for p, n, ev in self.existing_records[x]
-                if w.required <= p <= w.snapshot[x] and self.a.position[n] < self.a.position[w.before]
+                if w.required <= p <= w.available and self.a.position[n] < self.a.position[w.before]
             ]
             if reuse:
                 p, n, ev = min(reuse, key=lambda t: t[0])
@@ -277,14 +398,17 @@ class _Planner:
                 continue
             key = (x, w.required)
             if key not in shared:
-                anchor = self.items[x].get(w.required) if w.required > 0 else None
+                anchor = self.item_at[x].get(w.required)
                 shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), anchor)
                 plan.records.append(shared[key])
             w.record = shared[key]
 
 
-def plan_syncs(a: StreamAssignment) -> SyncPlan:
+def plan_syncs(a: StreamAssignment, dealloc: bool = True) -> SyncPlan:
     """The records and waits that make the graph read into ``a`` race-free; edits nothing.
+
+    ``dealloc=False`` leaves out the free points (the waits that defer frees of values read
+    on other streams), to count the ordering waits alone.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -293,7 +417,7 @@ def plan_syncs(a: StreamAssignment) -> SyncPlan:
     ...         y = x.sin()
     ...     return x.cos() + y
     >>> plan = plan_syncs(sp.read_streams(make_fx(f)(torch.ones(2))))
-    >>> [(w.source, w.stream, w.before.name) for w in plan.waits]
-    [(0, 1, 'sin'), (1, 0, 'add'), (0, 1, 'output')]
+    >>> [(w.source, w.stream, w.before.name) for w in plan.waits], plan.exact
+    ([(0, 1, 'sin'), (1, 0, 'add'), (0, 1, 'output')], True)
     """
-    return _Planner(a).run()
+    return _Planner(a, dealloc).run()
