@@ -1,0 +1,573 @@
+"""Simulate how a multi-stream graph runs: a discrete-event schedule from the cost model.
+
+``simulate(gm)`` plays the graph the way the device would run it: one CPU thread issues the
+nodes in graph order; each stream runs what was issued to it in order, one node at a time;
+``record_event`` / ``wait_event`` / ``wait_stream`` / ``sync_dealloc`` hold a stream back until
+the work they name has completed; ``synchronize_*`` hold the CPU back. Node durations come from
+:class:`streampass.cost.CostModel`. Data dependencies across streams are **not** honoured unless
+the syncs say so, exactly as on a GPU: the schedule of a graph with races can finish before its
+critical path, and :attr:`Schedule.races` lists every dependency the schedule violated.
+
+See docs/simulator.md for the semantics and what is and is not modelled.
+
+>>> import torch, streampass as sp
+>>> from torch.fx.experimental.proxy_tensor import make_fx
+>>> def f(x):
+...     with sp.stream(1):
+...         y = x.sin()
+...     return y + x.cos()
+>>> gm = make_fx(f)(torch.empty(1 << 20, device="meta"))
+>>> _ = sp.run(gm)
+>>> s = simulate(gm, "h100")
+>>> s.ok, s.critical_path_time <= s.makespan < s.serial_time + 4 * s.profile.sync_cost
+(True, True)
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch.fx
+
+from . import ops
+from .annotate import AMBIENT
+from .cost import CostModel, DeviceProfile
+from .hazards import is_tensor_value, reads_of, writes_of
+from .reading import StreamAssignment, read_streams
+
+__all__ = ["Slot", "Race", "Schedule", "simulate"]
+
+Node = torch.fx.Node
+_EPS = 1e-12
+
+# Stream ops that enqueue something on a stream (the rest act on the host only).
+_DEVICE_SYNCS = frozenset({ops.RECORD_EVENT, ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_DEALLOC})
+_HOST_BLOCKING = frozenset({ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
+
+
+@dataclass(frozen=True)
+class Slot:
+    """When one node ran. ``stream`` is None for work on the CPU thread (``track == "cpu"``).
+
+    ``kind``: ``"kernel"`` (compute), ``"record"``, ``"wait"`` (wait_event, wait_stream,
+    sync_dealloc), ``"sync"`` (a CPU-blocking synchronize) or ``"launch"`` (the CPU side of a
+    kernel launch, with ``cpu_launch=True``). ``waited_on`` names the node a wait or sync
+    blocked on (the matching record, or the waited stream's last node), if any.
+    """
+
+    node: str
+    stream: int | None
+    start: float
+    end: float
+    kind: str
+    target: str
+    issued: float = 0.0
+    waited_on: tuple[str, ...] = ()
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Race:
+    """A dependency the schedule broke: ``after`` started before ``before`` had finished.
+
+    ``kind`` is ``raw``, ``war``, ``waw`` (a tensor's storage) or ``exit`` (an output, or a side
+    stream, not finished when the ambient stream reached the return). ``overlap`` is in seconds.
+    """
+
+    kind: str
+    before: str
+    after: str
+    overlap: float
+
+
+@dataclass
+class Schedule:
+    """The simulated timeline of one graph (times in seconds from graph entry).
+
+    Attributes:
+        slots: node name -> :class:`Slot`, for every node that does work (on a stream or the CPU).
+        streams: the stream indices, ambient (0) first.
+        makespan: when the last piece of work (any stream, or the CPU) completes.
+        serial_time: the same compute nodes, in graph order, on one stream with no syncs.
+        critical_path_time: the longest chain of data (and storage) dependencies, each node
+            taking its cost-model time: a lower bound on any correct schedule.
+        critical_path: the node names along that chain.
+        returned_at: when the ambient stream has finished the work issued before ``output``
+            (what a caller's next kernel on the ambient stream would wait for).
+        races: dependencies this schedule violated (see :class:`Race`); empty for graphs that
+            :func:`streampass.verify` passes.
+        profile: the device profile the times come from.
+    """
+
+    slots: dict[str, Slot]
+    streams: list[int]
+    makespan: float
+    serial_time: float
+    critical_path_time: float
+    critical_path: list[str]
+    returned_at: float
+    races: list[Race]
+    profile: DeviceProfile
+    cpu_launch: bool = False
+    flows: list[tuple[str, str]] = field(default_factory=list)
+
+    # -- summaries -------------------------------------------------------------------------
+    @property
+    def ok(self) -> bool:
+        """No dependency was violated (the timeline is one a correct program could have)."""
+        return not self.races
+
+    @property
+    def below_critical_path(self) -> bool:
+        """The schedule beat the critical path: only possible because of races."""
+        return self.makespan < self.critical_path_time * (1 - 1e-9) - _EPS
+
+    @property
+    def speedup(self) -> float:
+        """``serial_time / makespan`` (1.0 for an empty graph)."""
+        return self.serial_time / self.makespan if self.makespan > 0 else 1.0
+
+    def on(self, stream: int) -> list[Slot]:
+        """The slots of ``stream`` in the order they ran."""
+        return sorted((s for s in self.slots.values() if s.stream == stream), key=lambda s: (s.start, s.end))
+
+    @property
+    def per_stream(self) -> dict[int, list[Slot]]:
+        return {s: self.on(s) for s in self.streams}
+
+    @property
+    def cpu(self) -> list[Slot]:
+        """What the CPU thread spent time on: launches and blocking synchronizes."""
+        return sorted((s for s in self.slots.values() if s.stream is None), key=lambda s: s.start)
+
+    def busy_time(self, stream: int) -> float:
+        return sum(s.duration for s in self.slots.values() if s.stream == stream)
+
+    @property
+    def utilisation(self) -> dict[int, float]:
+        """Per stream: the share of the makespan it spent running something (0..1)."""
+        if self.makespan <= 0:
+            return {s: 0.0 for s in self.streams}
+        return {s: min(1.0, self.busy_time(s) / self.makespan) for s in self.streams}
+
+    def summary(self) -> str:
+        util = ", ".join(f"{s}: {u:.0%}" for s, u in self.utilisation.items())
+        race = f"; {len(self.races)} race(s) in this schedule" if self.races else ""
+        return (
+            f"makespan {self.makespan * 1e6:.1f} us on {self.profile.name} "
+            f"(serial {self.serial_time * 1e6:.1f} us, critical path {self.critical_path_time * 1e6:.1f} us, "
+            f"speedup {self.speedup:.2f}x); utilisation {util}{race}"
+        )
+
+    def __repr__(self) -> str:
+        return f"<Schedule {self.summary()}>"
+
+    # -- Chrome trace ----------------------------------------------------------------------
+    def to_chrome_trace(self, include_empty: bool = False) -> dict:
+        """The schedule in the Chrome trace event format (open it in https://ui.perfetto.dev).
+
+        Process 0 is the device: one thread (``tid``) per stream index. Process 1 is the CPU
+        thread (launches and synchronizes). Every wait that blocked on a record or a stream
+        gets a flow arrow (``ph`` ``"s"`` at the waited-on slot, ``"f"`` at the wait).
+        Zero-length slots (views, getitems) are left out unless ``include_empty``.
+        Times are microseconds. ``json.dumps`` the result to write a ``.json`` file.
+        """
+        us = 1e6
+        ev: list[dict] = [
+            {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": f"device ({self.profile.name})"}},
+            {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "CPU"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 0, "args": {"name": "issue thread"}},
+        ]
+        for s in self.streams:
+            label = "stream 0 (ambient)" if s == AMBIENT else f"stream {s}"
+            ev.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": s, "args": {"name": label}})
+            ev.append({"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": s, "args": {"sort_index": s}})
+        shown: set[str] = set()
+        for slot in sorted(self.slots.values(), key=lambda s: (s.start, s.end)):
+            if slot.duration <= 0 and not include_empty and slot.kind not in ("record", "wait", "sync"):
+                continue
+            shown.add(slot.node)
+            pid, tid = (1, 0) if slot.stream is None else (0, slot.stream)
+            ev.append({
+                "ph": "X", "name": slot.target, "cat": slot.kind, "pid": pid, "tid": tid,
+                "ts": slot.start * us, "dur": slot.duration * us,
+                "args": {"node": slot.node, "issued_us": slot.issued * us,
+                         **({"waited_on": list(slot.waited_on)} if slot.waited_on else {})},
+            })
+        for i, (src, dst) in enumerate(self.flows):
+            a, b = self.slots.get(src), self.slots.get(dst)
+            if a is None or b is None or src not in shown or dst not in shown:
+                continue
+            common = {"name": "sync", "cat": "sync", "id": i + 1}
+            ev.append({**common, "ph": "s", "pid": 1 if a.stream is None else 0,
+                       "tid": 0 if a.stream is None else a.stream, "ts": a.start * us})
+            ev.append({**common, "ph": "f", "bp": "e", "pid": 1 if b.stream is None else 0,
+                       "tid": 0 if b.stream is None else b.stream, "ts": b.start * us})
+        return {
+            "traceEvents": ev,
+            "displayTimeUnit": "ns",
+            "otherData": {
+                "profile": self.profile.name,
+                "makespan_us": self.makespan * us,
+                "serial_time_us": self.serial_time * us,
+                "critical_path_time_us": self.critical_path_time * us,
+                "races": len(self.races),
+            },
+        }
+
+    def save_chrome_trace(self, path, **kwargs) -> None:
+        """Write :meth:`to_chrome_trace` as JSON to ``path``."""
+        with open(path, "w") as f:
+            json.dump(self.to_chrome_trace(**kwargs), f)
+
+
+# -- the simulation ----------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Item:
+    node: Node
+    stream: int | None  # None: host only
+    dur: float  # device time
+    cpu: float  # CPU time to issue it
+    kind: str
+    gates: list[_Item] = field(default_factory=list)  # device items it must wait for
+    block_cpu: bool = False  # synchronize_*: the CPU waits for the gates
+    issued: float = -1.0
+    start: float = -1.0
+    end: float = -1.0
+    done: bool = False
+
+
+def _target_name(node: Node, call) -> str:
+    if call is not None:
+        return call.name
+    t = node.target
+    schema = getattr(t, "_schema", None)
+    if schema is not None:
+        name = schema.name.split("::", 1)[-1]
+        ov = getattr(t, "_overloadname", "")
+        return name + ("." + ov if ov and ov != "default" else "")
+    return getattr(t, "__name__", str(t))
+
+
+def _is_device_work(a: StreamAssignment, node: Node) -> bool:
+    # A control_deps wrapping something other than a stream op is a kernel too.
+    return a.is_compute(node) or (node.target is ops.CONTROL_DEPS and node not in a.syncs)
+
+
+def _build_items(a: StreamAssignment, times: dict[Node, float], profile: DeviceProfile,
+                 cpu_launch: bool, serial: bool) -> list[_Item]:
+    items: list[_Item] = []
+    last_on: dict[int, _Item] = {}
+    last_record: dict[int, _Item] = {}
+    for node in a.nodes:
+        call = a.syncs.get(node)
+        t = times[node]
+        if call is None:
+            if not _is_device_work(a, node):
+                continue
+            s = AMBIENT if serial else a.stream[node]
+            cpu = min(t, profile.launch_overhead) if cpu_launch else 0.0
+            item = _Item(node, s, t - cpu, cpu, "kernel")
+            last_on[s] = item
+            items.append(item)
+            continue
+        if serial:
+            continue  # one stream needs no syncs
+        target = call.target
+        if target in _DEVICE_SYNCS:
+            s = a.stream[node]
+            item = _Item(node, s, 0.0 if cpu_launch else t, t if cpu_launch else 0.0,
+                         "record" if target is ops.RECORD_EVENT else "wait")
+            if target is ops.RECORD_EVENT:
+                # Completes when the work before it on s completes: stream order does that.
+                last_record[call.args[0]] = item
+            elif target is ops.WAIT_STREAM:
+                if call.args[1] in last_on and call.args[1] != s:
+                    item.gates.append(last_on[call.args[1]])
+            elif call.args[0] in last_record:  # wait_event / sync_dealloc; no record yet: no-op
+                item.gates.append(last_record[call.args[0]])
+            last_on[s] = item
+            items.append(item)
+        elif target in _HOST_BLOCKING:
+            item = _Item(node, None, 0.0, t if cpu_launch else 0.0, "sync", block_cpu=True)
+            if target is ops.SYNC_EVENT:
+                if call.args[0] in last_record:
+                    item.gates.append(last_record[call.args[0]])
+            elif target is ops.SYNC_STREAM:
+                if call.args[0] in last_on:
+                    item.gates.append(last_on[call.args[0]])
+            else:
+                item.gates.extend(last_on.values())
+            items.append(item)
+        # fork / join / record_stream only change host-side state: no time, no slot.
+    return items
+
+
+def _run(items: list[_Item], streams: list[int]) -> float:
+    queues: dict[int, list[_Item]] = {s: [] for s in streams}
+    head = {s: 0 for s in streams}
+    busy: dict[int, _Item | None] = {s: None for s in streams}
+    heap: list = []
+    counter = [0]
+    ISSUE, ENQUEUE, COMPLETE = 0, 1, 2
+    nxt = 0
+    blocked: _Item | None = None
+    cpu_end = 0.0
+
+    def push(t, kind, item):
+        counter[0] += 1
+        heapq.heappush(heap, (t, kind, counter[0], item))
+
+    def try_start(s, now):
+        if busy[s] is not None or head[s] >= len(queues[s]):
+            return
+        item = queues[s][head[s]]
+        for g in item.gates:
+            if not g.done:
+                return
+        head[s] += 1
+        busy[s] = item
+        item.start = now
+        item.end = now + item.dur
+        push(item.end, COMPLETE, item)
+
+    push(0.0, ISSUE, None)
+    while heap:
+        now, kind, _, item = heapq.heappop(heap)
+        if kind == COMPLETE:
+            item.done = True
+            busy[item.stream] = None
+            for s in streams:
+                try_start(s, now)
+            if blocked is not None and all(g.done for g in blocked.gates):
+                blocked.end = now
+                blocked.done = True
+                blocked = None
+                push(now, ISSUE, None)
+        elif kind == ENQUEUE:
+            queues[item.stream].append(item)
+            try_start(item.stream, now)
+        else:  # ISSUE: the CPU thread calls the next node
+            if nxt >= len(items):
+                cpu_end = now
+                continue
+            it = items[nxt]
+            nxt += 1
+            it.issued = now
+            after = now + it.cpu
+            if it.stream is not None:
+                # The work reaches its stream when the launch call returns.
+                push(after, ENQUEUE, it)
+                push(after, ISSUE, None)
+                continue
+            it.start = now
+            if it.block_cpu and not all(g.done for g in it.gates):
+                blocked = it  # the COMPLETE that clears its gates resumes the CPU
+                continue
+            it.end = after
+            it.done = True
+            push(after, ISSUE, None)
+    if blocked is not None:  # pragma: no cover - gates are always issued earlier
+        raise AssertionError(f"CPU blocked forever on {blocked.node.name}")
+    return cpu_end
+
+
+def _dependencies(a: StreamAssignment) -> list[tuple[str, Node, Node]]:
+    """Every ordering the program needs, same stream or not: (kind, before, after).
+
+    Like :func:`streampass.hazards.requirements` without the cross-stream filter: a read
+    depends on the last write of its storage (raw), a write on the last write (waw) and on
+    the reads since (war); the output on the last write of every value it returns (exit).
+    Views, getitems and control_deps passthroughs are looked through (storage roots), and the
+    ordering-only inputs of stream ops are not dependencies at all.
+    """
+    deps: list[tuple[str, Node, Node]] = []
+    last_writer: dict[Node, Node] = {}
+    readers: dict[Node, list[Node]] = defaultdict(list)
+    for node in a.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            last_writer[node] = node
+            continue
+        if node.op == "output":
+            for r in reads_of(a, node):
+                deps.append(("exit", last_writer.get(r, r), node))
+            continue
+        if not a.is_compute(node):
+            continue
+        writes = writes_of(a, node)
+        for r in reads_of(a, node):
+            if r not in writes:
+                deps.append(("raw", last_writer.get(r, r), node))
+                readers[r].append(node)
+        for r in writes:
+            deps.append(("waw", last_writer.get(r, r), node))
+            deps.extend(("war", rd, node) for rd in readers[r] if rd is not node)
+            readers[r] = []
+            last_writer[r] = node
+        if is_tensor_value(node) and a.root[node] is node:
+            last_writer.setdefault(node, node)
+    return deps
+
+
+def _critical_path(a: StreamAssignment, deps, times: dict[Node, float]) -> tuple[float, list[str]]:
+    g = nx.DiGraph()
+    src = "__entry__"
+    g.add_node(src)
+    for node in a.nodes:
+        if _is_device_work(a, node):
+            g.add_edge(src, node.name, w=times[node])
+    for _, u, v in deps:
+        if u is v:
+            continue
+        w = times[v] if _is_device_work(a, v) else 0.0
+        g.add_edge(src, u.name, w=times[u] if _is_device_work(a, u) else 0.0)
+        g.add_edge(u.name, v.name, w=w)
+    if g.number_of_edges() == 0:
+        return 0.0, []
+    path = nx.dag_longest_path(g, weight="w", default_weight=0.0)
+    length = sum(g.edges[u, v]["w"] for u, v in zip(path, path[1:]))
+    names = [p for p in path if p != src]
+    # Drop free (zero-time) nodes at the ends: they add nothing.
+    while names and times.get(_by_name(a, names[0]), 0.0) == 0.0:
+        names.pop(0)
+    while names and times.get(_by_name(a, names[-1]), 0.0) == 0.0:
+        names.pop()
+    return length, names
+
+
+def _by_name(a: StreamAssignment, name: str) -> Node | None:
+    cache = getattr(a, "_sim_by_name", None)
+    if cache is None:
+        cache = {n.name: n for n in a.nodes}
+        a._sim_by_name = cache
+    return cache.get(name)
+
+
+def _as_cost(cost) -> CostModel:
+    if cost is None:
+        return CostModel("h100")
+    if isinstance(cost, CostModel):
+        return cost
+    if isinstance(cost, (str, DeviceProfile)):
+        return CostModel(cost)
+    raise TypeError(f"cost must be a CostModel, a profile name or a DeviceProfile, got {type(cost).__name__}")
+
+
+def simulate(
+    gm: torch.fx.GraphModule | torch.fx.Graph,
+    cost: CostModel | str | DeviceProfile | None = None,
+    *,
+    cpu_launch: bool = False,
+    external_events=(),
+) -> Schedule:
+    """Simulate ``gm`` on its streams and return the :class:`Schedule`. Never edits ``gm``.
+
+    ``cost``: a :class:`~streampass.cost.CostModel`, a profile name (``"h100"``, ``"h200"``,
+    ``"a100"``, ``"cpu"``) or a :class:`~streampass.cost.DeviceProfile`; default ``"h100"``.
+
+    ``cpu_launch``: when False (default) the CPU issues instantly and each node's full
+    cost-model time (which includes one launch overhead) is spent on its stream. When True,
+    the launch overhead of each kernel is spent on the CPU thread instead, before the kernel
+    reaches its stream, and each stream op costs its ``sync_cost`` on the CPU: a graph of
+    many small kernels then becomes launch-bound, as on a real device.
+
+    ``external_events``: event indices recorded outside the graph (see
+    :func:`streampass.read_streams`); waiting on one does not block.
+    """
+    model = _as_cost(cost)
+    a = read_streams(gm, external_events)
+    times = {n: model.node_time(n) for n in a.nodes}
+    profile = model.profile
+
+    items = _build_items(a, times, profile, cpu_launch, serial=False)
+    cpu_end = _run(items, a.streams)
+    serial_items = _build_items(a, times, profile, cpu_launch, serial=True)
+    serial_cpu_end = _run(serial_items, [AMBIENT])
+    serial_time = max([serial_cpu_end] + [it.end for it in serial_items])
+
+    slots: dict[str, Slot] = {}
+    flows: list[tuple[str, str]] = []
+    for it in items:
+        tname = _target_name(it.node, a.syncs.get(it.node))
+        waited = tuple(g.node.name for g in it.gates)
+        slots[it.node.name] = Slot(it.node.name, it.stream, it.start, it.end, it.kind, tname, it.issued, waited)
+        flows.extend((w, it.node.name) for w in waited)
+        if it.stream is not None and it.cpu > 0:
+            launch = Slot(f"{it.node.name}:launch", None, it.issued - it.cpu, it.issued, "launch", tname, it.issued - it.cpu)
+            slots[launch.node] = launch
+    ends = [it.end for it in items] + [cpu_end]
+    makespan = max(ends) if ends else 0.0
+
+    # When the ambient stream reaches the return: its work issued before `output` is done.
+    out_node = next((n for n in reversed(a.nodes) if n.op == "output"), None)
+    last_on: dict[int, _Item] = {}  # last item issued on each stream before the return
+    last_kernel: dict[int, _Item] = {}
+    for it in items:
+        if it.stream is not None:
+            last_on[it.stream] = it
+            if it.kind == "kernel":
+                last_kernel[it.stream] = it
+    returned_at = max(cpu_end, last_on[AMBIENT].end if AMBIENT in last_on else 0.0)
+
+    deps = _dependencies(a)
+    # The bound uses device time: with cpu_launch, launch overheads are on the CPU thread.
+    device_time = dict(times)
+    for it in items:
+        if it.kind == "kernel":
+            device_time[it.node] = it.dur
+    cp_time, cp_path = _critical_path(a, deps, device_time)
+    races = _races(deps, slots, returned_at, last_kernel, out_node)
+    return Schedule(
+        slots=slots,
+        streams=a.streams,
+        makespan=makespan,
+        serial_time=serial_time,
+        critical_path_time=cp_time,
+        critical_path=cp_path,
+        returned_at=returned_at,
+        races=races,
+        profile=profile,
+        cpu_launch=cpu_launch,
+        flows=flows,
+    )
+
+
+def _races(deps, slots: dict[str, Slot], returned_at: float, last_kernel, out_node) -> list[Race]:
+    found: list[Race] = []
+    seen: set[tuple[str, str, str]] = set()
+
+    def finished(n: Node) -> float:
+        s = slots.get(n.name)
+        return s.end if s is not None else 0.0  # placeholders: ready at entry
+
+    for kind, u, v in deps:
+        if u is v:
+            continue
+        end_u = finished(u)
+        if v is out_node:
+            start_v = returned_at
+        else:
+            sv = slots.get(v.name)
+            if sv is None:
+                continue
+            start_v = sv.start
+        if end_u > start_v + _EPS * max(1.0, end_u):
+            key = (kind, u.name, v.name)
+            if key not in seen:
+                seen.add(key)
+                found.append(Race(kind, u.name, v.name, end_u - start_v))
+    if out_node is not None:
+        # Side-stream work must be joined into the ambient stream before the return.
+        for s, it in last_kernel.items():
+            if s != AMBIENT and it.end > returned_at + _EPS * max(1.0, it.end):
+                found.append(Race("exit", it.node.name, out_node.name, it.end - returned_at))
+    return found
