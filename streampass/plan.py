@@ -258,7 +258,10 @@ class _Planner:
 
     # -- 1. search: which sources each demand waits on ---------------------------------------
     def _search(self, events: list) -> list[tuple[int, ...]]:
-        frontier: list[tuple[int, _Clocks, tuple]] = [(0, self._fresh(), ())]
+        # A state's cost is (waits, relays): among plans with equally few waits, prefer those
+        # that wait on the producer's own stream over a stream that merely knows about it
+        # (a relay also makes the waiter wait for the relaying stream's unrelated work).
+        frontier: list[tuple[tuple[int, int], _Clocks, tuple]] = [((0, 0), self._fresh(), ())]
         for kind, item in events:
             if kind == "issue":
                 for _, clk, _ in frontier:
@@ -270,12 +273,14 @@ class _Planner:
                 if not unmet:
                     grown.append((cost, clk, (hist, ())))
                     continue
+                direct = {s for s, _ in unmet}
                 options = self._covers(clk, item.stream, unmet)
                 for combo in options:
                     nxt = clk.copy() if len(options) > 1 else clk
                     for x in combo:
                         nxt.vc[item.stream] = [max(u, v) for u, v in zip(nxt.vc[item.stream], nxt.vc[x])]
-                    grown.append((cost + len(combo), nxt, (hist, combo)))
+                    relays = sum(1 for x in combo if x not in direct)
+                    grown.append(((cost[0] + len(combo), cost[1] + relays), nxt, (hist, combo)))
             frontier = self._prune(grown)
         best = min(frontier, key=lambda t: t[0])[2]
         choices = []
@@ -290,7 +295,7 @@ class _Planner:
         states.sort(key=lambda t: (t[0], -sum(map(sum, t[1].vc))))
         kept: list = []
         for st in states:
-            if not any(k[0] <= st[0] and k[1].dominates(st[1]) for k in kept):
+            if not any(k[0][0] <= st[0][0] and k[0][1] <= st[0][1] and k[1].dominates(st[1]) for k in kept):
                 kept.append(st)
         if len(kept) > FRONTIER_LIMIT:
             self.plan.exact = False

@@ -94,25 +94,30 @@ def _annotated_stream(node: torch.fx.Node) -> int | None:
     return check_stream_index(custom["stream"], node.name)
 
 
+# Which arguments of each stream op are stream or event indices.
+_INDEX_ARGS = {
+    ops.RECORD_EVENT: (0, 1),
+    ops.WAIT_EVENT: (0, 1),
+    ops.SYNC_DEALLOC: (0, 1),
+    ops.WAIT_STREAM: (0, 1),
+    ops.SYNC_EVENT: (0,),
+    ops.SYNC_STREAM: (0,),
+    ops.RECORD_STREAM: (1,),
+    ops.FORK: (0, 1),
+    ops.JOIN: (0, 1),
+    ops.SYNC_DEVICE: (),
+}
+
+
 def _op_stream(call: ops.SyncCall) -> int:
-    """The stream a stream op is issued on, from its own arguments."""
-    t, a, name = call.target, call.args, call.node.name
-    ints = [x for x in a if not isinstance(x, torch.fx.Node)]
-    for x in ints:
-        if not isinstance(x, str):
-            check_stream_index(x, name)  # event and stream indices alike: non-negative ints
-    if t in (ops.RECORD_EVENT, ops.WAIT_EVENT):
+    """The stream a stream op is issued on, from its own arguments (validated)."""
+    t, a = call.target, call.args
+    for i in _INDEX_ARGS[t]:
+        check_stream_index(a[i] if i < len(a) else None, call.node.name)
+    if t in (ops.RECORD_EVENT, ops.WAIT_EVENT, ops.SYNC_DEALLOC, ops.RECORD_STREAM, ops.JOIN):
         return a[1]
-    if t is ops.SYNC_DEALLOC:
-        return a[1]
-    if t is ops.WAIT_STREAM:
+    if t in (ops.WAIT_STREAM, ops.FORK):
         return a[0]
-    if t is ops.RECORD_STREAM:
-        return check_stream_index(a[1], name)
-    if t is ops.FORK:
-        return a[0]
-    if t is ops.JOIN:
-        return a[1]
     return AMBIENT  # synchronize_*: host-side barriers, issued from the ambient stream's thread
 
 

@@ -1,0 +1,79 @@
+"""Shared helpers for building small multi-stream graphs by hand."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.fx
+
+from streampass import ops
+
+aten = torch.ops.aten
+
+
+class GraphBuilder:
+    """Build an FX graph node by node: ``b.op(aten.sin.default, x, stream=1)``."""
+
+    def __init__(self, device: str = "cpu", size: int = 4):
+        self.g = torch.fx.Graph()
+        self.device, self.size = device, size
+
+    def input(self, name: str) -> torch.fx.Node:
+        n = self.g.placeholder(name)
+        n.meta["val"] = torch.empty(self.size, self.size, device=self.device)
+        return n
+
+    def op(self, target, *args, stream: int | None = None, name: str | None = None, **meta) -> torch.fx.Node:
+        n = self.g.call_function(target, args, name=name)
+        n.meta["val"] = torch.empty(self.size, self.size, device=self.device)
+        if stream is not None:
+            n.meta["custom"] = {"stream": stream}
+        n.meta.update(meta)
+        return n
+
+    def sync(self, target, *args, name: str | None = None) -> torch.fx.Node:
+        return self.g.call_function(target, args, name=name)
+
+    def output(self, *values) -> torch.fx.GraphModule:
+        self.g.output(tuple(values))
+        return torch.fx.GraphModule(torch.nn.Module(), self.g)
+
+
+@pytest.fixture
+def builder():
+    return GraphBuilder()
+
+
+def names(nodes):
+    return [n.name for n in nodes]
+
+
+def getitem(node, i):
+    return operator.getitem(node, i)
+
+
+__all__ = ["GraphBuilder", "aten", "ops"]
+
+
+@pytest.fixture
+def fanout_graph():
+    """A backward-tagged graph where one producer on stream 1 is read on streams 0 and 2.
+
+    The shape torch 2.13's ``insert_backward_syncs`` handles (meta device, every node tagged
+    ``is_backward`` and annotated), to reproduce its one-wait-per-producer miss.
+    """
+
+    def build() -> torch.fx.GraphModule:
+        b = GraphBuilder(device="meta")
+        tag = {"partitioner_tag": "is_backward"}
+        x = b.input("x")
+        x.meta.update(tag)
+        p = b.op(aten.sin.default, x, stream=1, name="producer", **tag)
+        ra = b.op(aten.cos.default, p, stream=0, name="reader_a", **tag)
+        rb = b.op(aten.neg.default, p, stream=2, name="reader_b", **tag)
+        out = b.op(aten.add.Tensor, ra, rb, stream=0, name="total", **tag)
+        return b.output(out)
+
+    return build

@@ -1,0 +1,75 @@
+"""Random topological orders of a GraphModule: what a later pass is allowed to do to it."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.fx
+
+from streampass import ops
+
+
+def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch.fx.Node]]:
+    """Extra predecessors that keep the order of accesses to storage written in place.
+
+    A legal reordering (inductor's, ``legalize_graph``'s) keeps a write after earlier reads
+    and writes of its storage and later reads after it; data edges alone do not say that.
+    """
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in nodes:
+        src = ops.aliases_input(n)
+        root[n] = root.get(src, src) if src is not None else n
+    extra: dict[torch.fx.Node, set[torch.fx.Node]] = {n: set() for n in nodes}
+    accesses: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    last_write: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in nodes:
+        written = {root[n.args[i]] for i in ops.mutated_arg_positions(n) if isinstance(n.args[i], torch.fx.Node)}
+        for inp in n.all_input_nodes:
+            r = root[inp]
+            if r in last_write and last_write[r] is not n:
+                extra[n].add(last_write[r])
+            if r in written:
+                extra[n].update(a for a in accesses.get(r, []) if a is not n)
+            accesses.setdefault(r, []).append(n)
+        for r in written:
+            last_write[r] = n
+    return extra
+
+
+def random_topological_copy(gm: torch.fx.GraphModule, seed: int) -> torch.fx.GraphModule:
+    """A copy of ``gm`` with its nodes in a random legal order: data dependencies and the
+    order of accesses to storage written in place are kept, nothing else.
+
+    Placeholders stay first and the output last, as every FX graph has them.
+    """
+    rng = random.Random(seed)
+    nodes = list(gm.graph.nodes)
+    extra = _mutation_order(nodes)
+    users: dict[torch.fx.Node, set[torch.fx.Node]] = {n: set(n.users) for n in nodes}
+    for n, before in extra.items():
+        for b in before:
+            users[b].add(n)
+    pending = {n: len(set(n.all_input_nodes) | extra[n]) for n in nodes}
+    ready = [n for n in nodes if pending[n] == 0 and n.op != "output"]
+    order = [n for n in ready if n.op == "placeholder"]
+    ready = [n for n in ready if n.op != "placeholder"]
+    for n in order:
+        for u in users[n]:
+            pending[u] -= 1
+            if pending[u] == 0 and u.op != "output":
+                ready.append(u)
+    while ready:
+        n = ready.pop(rng.randrange(len(ready)))
+        order.append(n)
+        for u in users[n]:
+            pending[u] -= 1
+            if pending[u] == 0 and u.op != "output":
+                ready.append(u)
+    output = next(n for n in nodes if n.op == "output")
+    assert len(order) == len(nodes) - 1, "graph has a cycle"
+    g = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in [*order, output]:
+        env[n] = g.node_copy(n, lambda x: env[x])
+    return torch.fx.GraphModule(gm, g)

@@ -1,0 +1,207 @@
+"""streampass.run: race-free results that survive reordering, run eagerly, reuse existing syncs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import GraphBuilder, aten
+from reorder import random_topological_copy
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.passes.tools_common import legalize_graph
+
+import streampass as sp
+from streampass import ops
+from streampass.runtime import run_serial
+
+
+def branches(x, w):
+    with sp.stream(1):
+        a = (x @ w).relu()
+    with sp.stream(2):
+        b = (x * 2).sin()
+    c = x.cos()
+    with sp.stream(1):
+        d = a + b  # stream 1 reads stream 2's b
+    x.add_(1)  # ambient overwrites an input stream 1 and 2 read
+    return d * c
+
+
+@pytest.fixture
+def traced():
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = make_fx(branches)(x.clone(), w)
+    return gm, (x, w)
+
+
+def test_run_removes_every_hazard_and_keeps_results(traced):
+    gm, (x, w) = traced
+    before = sp.verify(gm)
+    assert {"raw", "war", "entry", "exit", "dealloc"} <= {h.kind for h in before.hazards}
+    expected_x = x.clone()
+    expected = branches(expected_x, w)
+    result = sp.run(gm)
+    assert result.ok and sp.verify(gm).ok
+    assert len(result.before.hazards) == len(before.hazards)
+    got_x = x.clone()
+    got = gm(got_x, w)
+    assert torch.equal(got, expected) and torch.equal(got_x, expected_x)
+    got_x = x.clone()
+    assert torch.equal(sp.execute(gm, got_x, w), expected) and torch.equal(got_x, expected_x)
+
+
+def test_run_is_idempotent(traced):
+    gm, _ = traced
+    sp.run(gm)
+    code = gm.code
+    again = sp.run(gm)
+    assert not again.changed and again.waits_added == 0 and again.records_added == 0
+    assert gm.code == code
+
+
+def test_ordering_survives_reordering_dce_and_topological_sort(traced):
+    gm, (x, w) = traced
+    expected = branches(x.clone(), w)
+    sp.run(gm)
+    for seed in range(25):
+        shuffled = random_topological_copy(gm, seed)
+        assert sp.verify(shuffled).ok, (seed, sp.verify(shuffled))
+        with sp.runtime.bind(shuffled):
+            assert torch.equal(shuffled(x.clone(), w), expected)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    assert sp.verify(gm).ok
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    stable_topological_sort(gm.graph)
+    legalize_graph(gm)
+    assert sp.verify(gm).ok
+
+
+def test_syncs_use_torch_stream_ops_and_fresh_event_indices(traced):
+    gm, _ = traced
+    sp.run(gm)
+    a = sp.read_streams(gm)
+    calls = list(a.syncs.values())
+    assert calls and all(c.target in (ops.RECORD_EVENT, ops.WAIT_EVENT) for c in calls)
+    assert all(c.wrapper is not None and c.wrapper.target is ops.CONTROL_DEPS for c in calls)
+    events = {c.args[0] for c in calls}
+    assert not events & set(a.streams), "event indices never collide with stream indices"
+    recorded = [c.args[0] for c in calls if c.target is ops.RECORD_EVENT]
+    assert len(recorded) == len(set(recorded)), "each event is recorded once"
+    fork_join = [n for n in gm.graph.nodes if n.target in (ops.FORK, ops.JOIN)]
+    assert not fork_join
+
+
+def test_fork_join_graph_is_normalised_to_annotations_and_runs():
+    b = GraphBuilder()
+    x = b.input("x")
+    b.sync(ops.FORK, 0, 1)
+    y = b.op(aten.sin.default, x, name="y")
+    b.sync(ops.JOIN, 1, 0)
+    z = b.op(aten.mul.Tensor, y, x, name="z")
+    gm = b.output(z)
+    ref = copy.deepcopy(gm)
+    inp = torch.randn(4, 4)
+    result = sp.run(gm)
+    assert result.ok
+    assert (gm.graph.find_nodes(op="call_function", target=aten.sin.default)[0].meta["custom"]["stream"]) == 1
+    assert torch.equal(gm(inp)[0], run_serial(ref, inp)[0])
+
+
+def test_event_indices_avoid_existing_events():
+    b = GraphBuilder()
+    x = b.input("x")
+    y = b.op(aten.sin.default, x, stream=1, name="y")
+    b.sync(ops.RECORD_EVENT, 40, 1)
+    b.sync(ops.WAIT_EVENT, 40, 0)
+    z = b.op(aten.cos.default, y, name="z")
+    gm = b.output(z)
+    sp.run(gm)
+    new = {c.args[0] for c in sp.read_streams(gm).syncs.values()} - {40}
+    assert new and min(new) > 40
+
+
+def test_torch_fanout_reused_and_only_the_missing_wait_added(fanout_graph):
+    from torch._functorch._aot_autograd.streams import insert_backward_syncs
+
+    gm = fanout_graph()
+    insert_backward_syncs(gm)
+    torch_waits = len(gm.graph.find_nodes(op="call_function", target=ops.WAIT_EVENT))
+    a = sp.read_streams(gm)
+    ordering = sp.plan_syncs(a, dealloc=False)
+    # one wait for reader_b (torch's miss) and one entry wait before the producer reads x
+    assert sorted((w.source, w.stream, w.before.name) for w in ordering.waits) == [
+        (0, 1, "producer"),
+        (1, 2, "reader_b"),
+    ]
+    assert all(w.record.existing is not None for w in ordering.waits if w.source == 1), (
+        "the fan-out wait reuses torch's record of the producer"
+    )
+    result = sp.run(gm)
+    assert result.ok
+    after = [c for c in sp.read_streams(gm).syncs.values() if c.target is ops.WAIT_EVENT]
+    assert len(after) == torch_waits + result.waits_added
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda b, x: b.sync(ops.JOIN, 1, 0),
+        lambda b, x: b.sync(ops.FORK, 0, 1),
+        lambda b, x: b.sync(ops.WAIT_EVENT, 9, 1),
+        lambda b, x: b.op(aten.cos.default, x, stream=True),
+    ],
+)
+def test_refusals_leave_the_graph_exactly_as_it_was(build):
+    b = GraphBuilder()
+    x = b.input("x")
+    y = b.op(aten.sin.default, x, stream=1)
+    build(b, x)
+    gm = b.output(b.op(aten.neg.default, y))
+    gm.recompile()
+    code, nodes = gm.code, [(n.name, n.target, n.args) for n in gm.graph.nodes]
+    with pytest.raises(sp.StreamPassError):
+        sp.run(gm)
+    assert gm.code == code
+    assert [(n.name, n.target, n.args) for n in gm.graph.nodes] == nodes
+
+
+def test_internal_failure_restores_the_graph(traced, monkeypatch):
+    gm, _ = traced
+    code = gm.code
+    from streampass import apply
+
+    def boom(self):
+        self.graph.call_function(aten.sin.default, (next(iter(self.graph.nodes)),))
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(apply._Editor, "encode", boom)
+    with pytest.raises(sp.StreamPassError, match="restored"):
+        sp.run(gm)
+    assert gm.code == code
+
+
+def test_single_stream_graph_is_left_alone():
+    gm = make_fx(lambda x: x.sin() + 1)(torch.ones(3))
+    code = gm.code
+    result = sp.run(gm)
+    assert not result.changed and result.ok and gm.code == code
+
+
+def test_graph_without_module_is_refused():
+    g = torch.fx.Graph()
+    g.output(g.placeholder("x"))
+    with pytest.raises(sp.StreamPassError, match="GraphModule"):
+        sp.run(g)
+
+
+def test_runtime_table_does_not_leak_between_graphs(traced):
+    from torch._dynamo import graph_bytecode_inputs as table
+
+    gm, (x, w) = traced
+    sp.run(gm)
+    before = dict(table.index_to_external_object_weakref)
+    gm(x.clone(), w)
+    assert dict(table.index_to_external_object_weakref) == before
