@@ -1,0 +1,349 @@
+"""streampass vs torch's own stream passes: pass time, syncs added, races left, simulated makespan.
+
+    python benchmarks/run.py            # full: 1k, 4k, 16k, 64k nodes, 3 repeats
+    python benchmarks/run.py --quick    # 1k and 4k nodes, 1 repeat (under a minute on 2 cores)
+
+Prints markdown tables (pasted into docs/benchmarks.md) and writes
+benchmarks/results/<quick|full>.json.
+
+torch's side is ``torch._functorch._aot_autograd.streams.insert_backward_syncs`` followed by
+``wrap_all_sync_nodes_with_control_deps``, the passes aot_autograd runs on a joint graph.
+They only touch nodes tagged ``partitioner_tag="is_backward"`` and ask the accelerator for the
+current stream of any node without an explicit ``custom.stream``, so every node is tagged and
+every call node annotated (stream 0 where it had none) before either pass runs; streampass
+reads the same graphs. Each measurement runs on a fresh deep copy; copying is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+import streampass as sp
+from streampass import ops
+from streampass.simulate import simulate
+from streampass.synthetic import random_stream_graph
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_models  # noqa: E402
+
+KINDS = ("raw", "war", "waw", "entry", "exit", "dealloc")
+
+
+# -- torch's passes ---------------------------------------------------------------------------------
+
+
+def torch_passes():
+    from torch._functorch._aot_autograd.streams import (
+        insert_backward_syncs,
+        wrap_all_sync_nodes_with_control_deps,
+    )
+
+    def run(gm):
+        insert_backward_syncs(gm)
+        wrap_all_sync_nodes_with_control_deps(gm)
+
+    return run
+
+
+def tag_for_torch(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """What torch's pass needs: backward tags, and an explicit stream on every call node."""
+    for node in gm.graph.nodes:
+        node.meta["partitioner_tag"] = "is_backward"
+        if node.op == "call_function":
+            custom = node.meta.get("custom")
+            if not isinstance(custom, dict):
+                node.meta["custom"] = custom = {}
+            custom.setdefault("stream", 0)
+    return gm
+
+
+def sync_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
+    a = sp.read_streams(gm)
+    c = Counter(call.target for call in a.syncs.values())
+    return {
+        "sync_nodes": len(a.syncs),
+        "records": c[ops.RECORD_EVENT],
+        "waits": c[ops.WAIT_EVENT] + c[ops.WAIT_STREAM] + c[ops.SYNC_DEALLOC],
+    }
+
+
+def added(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in before}
+
+
+def timed(fn, gm) -> float:
+    gc.collect()
+    t = time.perf_counter()
+    fn(gm)
+    return time.perf_counter() - t
+
+
+def run_sp(gm):
+    sp.run(gm)
+
+
+# -- (a) + (b): synthetic graphs --------------------------------------------------------------------
+
+
+def bench_synthetic(sizes, repeats, seed=0, torch_max=None, log=print) -> list[dict]:
+    torch_run = torch_passes()
+    warm = tag_for_torch(random_stream_graph(200, 4, seed=seed + 1, inplace=0.0, copy_epilogue=False))
+    for fn in (run_sp, torch_run):  # lazy imports and first-call costs are not measured
+        fn(copy.deepcopy(warm))
+    rows = []
+    for n in sizes:
+        t = time.perf_counter()
+        template = tag_for_torch(random_stream_graph(n, 4, seed=seed, inplace=0.0, copy_epilogue=False))
+        gen = time.perf_counter() - t
+        base = sync_counts(template)
+        before = sp.verify(template).by_kind()
+        sp_times, torch_times = [], []
+        sp_gm = torch_gm = None
+        do_torch = torch_max is None or n <= torch_max
+        for _ in range(repeats):  # side by side: alternate the two passes
+            g = copy.deepcopy(template)
+            sp_times.append(timed(run_sp, g))
+            sp_gm = g
+            if do_torch:
+                g = copy.deepcopy(template)
+                torch_times.append(timed(torch_run, g))
+                torch_gm = g
+        row = {
+            "nodes": n,
+            "graph_nodes": len(template.graph.nodes),
+            "generate_s": gen,
+            "hazards_before": before,
+            "streampass": {
+                "times_s": sp_times,
+                "median_s": statistics.median(sp_times),
+                **added(base, sync_counts(sp_gm)),
+                "races_left": sp.verify(sp_gm).by_kind(),
+            },
+        }
+        if do_torch:
+            row["torch"] = {
+                "times_s": torch_times,
+                "median_s": statistics.median(torch_times),
+                **added(base, sync_counts(torch_gm)),
+                "races_left": sp.verify(torch_gm).by_kind(),
+            }
+            row["speedup"] = row["torch"]["median_s"] / row["streampass"]["median_s"]
+        log(f"  {n:>6} nodes: streampass {row['streampass']['median_s']:.3f} s"
+            + (f", torch {row['torch']['median_s']:.3f} s ({row['speedup']:.1f}x)" if do_torch else ""))
+        rows.append(row)
+        del sp_gm, torch_gm, template
+    return rows
+
+
+# -- (c): real graphs ----------------------------------------------------------------------------------
+
+
+def sched(gm, profile="h100") -> dict:
+    s = simulate(gm, profile)
+    return {
+        "makespan_us": s.makespan * 1e6,
+        "serial_us": s.serial_time * 1e6,
+        "critical_path_us": s.critical_path_time * 1e6,
+        "speedup": s.speedup,
+        "schedule_races": len(s.races),
+        "below_critical_path": s.below_critical_path,
+    }
+
+
+def bench_blocks(repeats, small=False, log=print, trace_dir=None) -> list[dict]:
+    torch_run = torch_passes()
+    rows = []
+    for model in ("transformer", "resnet"):
+        m, x = bench_models.model_inputs(model, small=small)
+        graphs = bench_models.capture_fw_bw(m, x)
+        for part, gm in graphs.items():
+            template = tag_for_torch(gm)
+            base = sync_counts(template)
+            row = {
+                "graph": f"{model} {part}",
+                "graph_nodes": len(template.graph.nodes),
+                "hazards_before": sp.verify(template).by_kind(),
+                "unsynchronised": sched(template),
+            }
+            for name, fn in (("streampass", run_sp), ("torch", torch_run)):
+                times, out = [], None
+                for _ in range(repeats):
+                    g = copy.deepcopy(template)
+                    try:
+                        times.append(timed(fn, g))
+                    except Exception as e:  # report, don't hide
+                        row[name] = {"error": repr(e)}
+                        break
+                    out = g
+                if out is None:
+                    continue
+                row[name] = {
+                    "median_s": statistics.median(times),
+                    **added(base, sync_counts(out)),
+                    "races_left": sp.verify(out).by_kind(),
+                    "schedule": sched(out),
+                }
+                if trace_dir is not None:
+                    simulate(out, "h100").save_chrome_trace(
+                        Path(trace_dir) / f"{model}_{part}_{name}.trace.json")
+            log(f"  {row['graph']}: done")
+            rows.append(row)
+    return rows
+
+
+# -- reporting -------------------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": mem,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "streampass": sp.__version__,
+        "networkx": __import__("networkx").__version__,
+    }
+
+
+def races(d: dict) -> str:
+    total = sum(d.values())
+    if not total:
+        return "0"
+    return f"{total} (" + ", ".join(f"{k} {v}" for k, v in d.items() if v) + ")"
+
+
+def markdown(result: dict) -> str:
+    out = []
+    m = result["machine"]
+    out.append(f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; "
+               f"Python {m['python']}, torch {m['torch']}, networkx {m['networkx']}. "
+               f"Command: `{result['command']}`.\n")
+    syn = result["synthetic"]
+    out.append("#### Pass time, random 4-stream graphs (median of "
+               f"{len(syn[0]['streampass']['times_s'])}; fresh copy per run)\n")
+    out.append("| nodes | streampass.run | torch insert_backward_syncs + wrap | torch / streampass |")
+    out.append("|---:|---:|---:|---:|")
+    for r in syn:
+        t = r.get("torch")
+        out.append(f"| {r['nodes']:,} | {r['streampass']['median_s']:.3f} s | "
+                   + (f"{t['median_s']:.3f} s | **{r['speedup']:.1f}x** |" if t else "not run | |"))
+    g = result.get("growth")
+    if g:
+        out.append("")
+        out.append("Time growth for 4x the nodes: " + "; ".join(
+            f"{k}: streampass {v['streampass']:.2f}x" + (f", torch {v['torch']:.2f}x" if v.get("torch") else "")
+            for k, v in g.items()) + ".")
+    out.append("\n#### Syncs added and races left (`streampass.verify` on each result)\n")
+    out.append("| nodes | hazards before | streampass: records / waits | races left | "
+               "torch: records / waits | races left |")
+    out.append("|---:|---|---:|---|---:|---|")
+    for r in syn:
+        s, t = r["streampass"], r.get("torch")
+        out.append(f"| {r['nodes']:,} | {races(r['hazards_before'])} | {s['records']} / {s['waits']} | "
+                   f"{races(s['races_left'])} | "
+                   + (f"{t['records']} / {t['waits']} | {races(t['races_left'])} |" if t else "| |"))
+    out.append("\n#### Traced blocks (aot_function forward and backward), H100 profile\n")
+    out.append("| graph | nodes | hazards before | pass | time | records / waits | races left | "
+               "makespan | serial | critical path | schedule races |")
+    out.append("|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|")
+    for r in result["models"]:
+        u = r["unsynchronised"]
+        out.append(f"| {r['graph']} | {r['graph_nodes']} | {races(r['hazards_before'])} | none | | | | "
+                   f"{u['makespan_us']:.1f} us | {u['serial_us']:.1f} us | {u['critical_path_us']:.1f} us | "
+                   f"{u['schedule_races']} |")
+        for name in ("streampass", "torch"):
+            p = r.get(name)
+            if p is None:
+                continue
+            if "error" in p:
+                out.append(f"| | | | {name} | error: `{p['error'][:80]}` | | | | | | |")
+                continue
+            s = p["schedule"]
+            out.append(f"| | | | {name} | {p['median_s'] * 1e3:.1f} ms | {p['records']} / {p['waits']} | "
+                       f"{races(p['races_left'])} | {s['makespan_us']:.1f} us | {s['serial_us']:.1f} us | "
+                       f"{s['critical_path_us']:.1f} us | {s['schedule_races']} |")
+    return "\n".join(out)
+
+
+def growth(rows) -> dict:
+    by = {r["nodes"]: r for r in rows}
+    out = {}
+    for lo, hi in ((16000, 64000), (4000, 16000), (1000, 4000)):
+        if lo in by and hi in by:
+            g = {"streampass": by[hi]["streampass"]["median_s"] / by[lo]["streampass"]["median_s"]}
+            if "torch" in by[hi] and "torch" in by[lo]:
+                g["torch"] = by[hi]["torch"]["median_s"] / by[lo]["torch"]["median_s"]
+            out[f"{hi // 1000}k/{lo // 1000}k"] = g
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1k and 4k nodes, one repeat")
+    p.add_argument("--sizes", type=int, nargs="*", help="node counts (default 1000 4000 16000 64000)")
+    p.add_argument("--repeats", type=int, help="measurements per size (default 3, quick 1)")
+    p.add_argument("--torch-max", type=int, default=None, help="skip torch's pass above this size")
+    p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/<quick|full>.json)")
+    p.add_argument("--traces", type=Path, help="also write Chrome traces of the traced blocks here")
+    args = p.parse_args(argv)
+    sizes = args.sizes or ([1000, 4000] if args.quick else [1000, 4000, 16000, 64000])
+    repeats = args.repeats or (1 if args.quick else 3)
+    out = args.out or HERE / "results" / ("quick.json" if args.quick else "full.json")
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    log("synthetic graphs:")
+    syn = bench_synthetic(sizes, repeats, torch_max=args.torch_max, log=log)
+    log("traced blocks:")
+    if args.traces:
+        args.traces.mkdir(parents=True, exist_ok=True)
+    models = bench_blocks(repeats, log=log, trace_dir=args.traces)
+    result = {
+        "command": "python benchmarks/run.py" + (" --quick" if args.quick else ""),
+        "machine": machine(),
+        "synthetic": syn,
+        "growth": growth(syn),
+        "models": models,
+        "wall_s": time.perf_counter() - t0,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(markdown(result))
+    log(f"wrote {out} ({result['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
