@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections import Counter
 
@@ -68,6 +69,7 @@ def describe(dag: StreamDAG) -> list[str]:
 
 def demo(args: argparse.Namespace) -> int:
     gm, example = trace_demo()
+    original = copy.deepcopy(gm)  # run() edits gm in place; the HTML report shows both
     expected = run_serial(gm, *example)
     before = StreamDAG.from_graph(gm)
     print("== streampass demo: an attention block with side-stream projections ==")
@@ -86,16 +88,85 @@ def demo(args: argparse.Namespace) -> int:
     got = gm(*example)
     same = torch.equal(got, expected)
     print(f"rewritten graph called eagerly on CPU equals the original: {same}")
+    _write_html(args, original, gm, "streampass demo: attention block with side streams", describe(before) + [f"pass: {result.summary()}"])
     if not (result.ok and same):
         return 1
     return 0
+
+
+def _write_html(args: argparse.Namespace, before, after, title: str, lines: list[str]) -> None:
+    if not getattr(args, "html", None):
+        return
+    from .report import write_report
+
+    path = write_report(args.html, before, after, title=title, lines=lines)
+    print(f"HTML report: {path.resolve()}")
+
+
+def load_target(target: str, shapes: str | None = None, dtype: str = "float32") -> torch.fx.GraphModule:
+    """A graph to inspect: a ``torch.export`` program file (``.pt2``), or ``module:function``
+    traced with make_fx on random inputs of ``shapes`` (``"8x16,16x4"``)."""
+    import importlib
+    import os
+
+    if target.endswith(".pt2") or os.path.isfile(target):
+        # the flat ATen graph, parameters as inputs; stream annotations survive strict export only
+        return torch.export.load(target).graph_module
+    mod_name, sep, attr = target.partition(":")
+    if not sep or not attr:
+        raise SystemExit(f"streampass inspect: TARGET must be a .pt2 file or module:function, got {target!r}")
+    fn = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        fn = getattr(fn, part)
+    dt = getattr(torch, dtype)
+    inputs = []
+    for spec in (shapes or "").split(","):
+        if spec.strip():
+            inputs.append(torch.randn(*[int(x) for x in spec.strip().lower().split("x")], dtype=dt))
+    return make_fx(fn)(*inputs)
+
+
+def inspect(args: argparse.Namespace) -> int:
+    from .errors import StreamPassError
+
+    gm = load_target(args.target, args.shapes, args.dtype)
+    original = copy.deepcopy(gm)
+    dag = StreamDAG.from_graph(gm)
+    lines = [f"== streampass inspect {args.target} =="] + describe(dag)
+    if dag.streams == [0]:
+        lines.append("  (only the ambient stream: torch.export keeps streampass.stream annotations with strict=True)")
+    hazards = dag.hazards()
+    kinds = Counter(h.kind for h in hazards)
+    lines.append(f"hazards before the pass: {len(hazards)} ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})")
+    shown = {}
+    for h in hazards:
+        shown.setdefault(h.kind, h)
+    lines += [f"  {h}" for h in shown.values()]
+    print("\n".join(lines))
+    try:
+        result = run(gm)
+    except StreamPassError as e:
+        print(f"pass refused: {e}")
+        _write_html(args, original, None, f"streampass inspect {args.target}", lines + [f"pass refused: {e}"])
+        return 2
+    tail = [f"pass: {result.summary()}", f"hazards after the pass: {len(result.after.hazards)}"]
+    print("\n".join(tail))
+    _write_html(args, original, gm, f"streampass inspect {args.target}", lines + tail)
+    return 0 if result.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streampass", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="trace the embedded model, report its streams and hazards, fix them")
+    p_demo.add_argument("--html", default="streampass-demo.html", metavar="PATH", help="write the HTML report here ('' for none)")
     p_demo.set_defaults(func=demo)
+    p_insp = sub.add_parser("inspect", help="report a torch.export .pt2 program or a module:function, fix it, write HTML")
+    p_insp.add_argument("target", help="a .pt2 file (torch.export.save) or module:function")
+    p_insp.add_argument("--shapes", help="example input shapes for module:function, e.g. 8x16,16x4")
+    p_insp.add_argument("--dtype", default="float32", help="dtype of the random example inputs")
+    p_insp.add_argument("--html", default="streampass-inspect.html", metavar="PATH", help="write the HTML report here ('' for none)")
+    p_insp.set_defaults(func=inspect)
     args = parser.parse_args(argv)
     return args.func(args)
 

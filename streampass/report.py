@@ -1,0 +1,116 @@
+"""A self-contained HTML report of a graph before and after the pass (``streampass demo/inspect``).
+
+One file, no network: CSS inline, pictures as inline SVG, no JavaScript. Sections: the
+graph's streams (summary table), its hazards, the DAG drawing (capped, see
+:mod:`streampass.view`), what the pass added (:func:`streampass.compare.compare`), the DAG
+after, and — when :mod:`streampass.simulate` is available — the simulated schedule.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+from pathlib import Path
+
+from . import view as _view
+
+
+def _section(title: str, body: str, anchor: str) -> str:
+    return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{body}</section>'
+
+
+def _dag_body(dag, max_nodes: int, engine: str) -> str:
+    d = _view.data(dag)
+    v = _view.view(d, max_nodes=max_nodes, engine=engine)
+    return (
+        _view.summary_table(d)
+        + f"<h3>Hazards ({len(d.hazards)})</h3>"
+        + _view.hazard_table(d.hazards)
+        + f"<h3>Drawing</h3><p class=\"sp-note\">{html.escape(v.note)}</p>"
+        + _view.legend_html()
+        + f'<div class="sp-svg">{_view.inline_svg(v.svg())}</div>'
+    )
+
+
+def _schedule_body(gm, cost: str) -> str | None:
+    try:
+        from .simulate import simulate
+    except ImportError:
+        return None
+    try:
+        sched = simulate(gm, cost=cost)
+    except Exception as e:  # the report must not fail because the simulator refuses a graph
+        return f"<p>simulation unavailable for this graph: {html.escape(str(e))}</p>"
+    return (
+        f'<p class="sp-note">{html.escape(sched.summary())}</p>'
+        f'<div class="sp-svg">{_view.inline_svg(_view.schedule_svg(sched))}</div>'
+    )
+
+
+PAGE_CSS = """
+body{margin:24px;max-width:1400px;font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#222;background:#fff}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
+h3{font-size:15px;margin:14px 0 4px} pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:12px}
+nav a{margin-right:12px} .meta{color:#666;font-size:12px}
+"""
+
+
+def build_report(
+    before,
+    after=None,
+    *,
+    title: str = "streampass report",
+    lines: list[str] | None = None,
+    cost: str = "h100",
+    schedule: bool = True,
+    max_nodes: int = _view.MAX_NODES,
+    engine: str = "auto",
+) -> str:
+    """The report as one HTML string.
+
+    ``before``: the graph as given (GraphModule or StreamDAG); ``after``: the graph after
+    :func:`streampass.run` (omit to report one graph). ``lines``: a text summary shown at the
+    top (the CLI passes what it printed). ``schedule``: add the simulated schedule of the final
+    graph (``cost`` profile) when :mod:`streampass.simulate` is installed.
+    """
+    from .compare import compare
+
+    sections = []
+    nav = []
+    if lines:
+        sections.append(_section("Summary", f"<pre>{html.escape(chr(10).join(lines))}</pre>", "summary"))
+        nav.append(("summary", "Summary"))
+    label = "Before the pass" if after is not None else "Graph"
+    sections.append(_section(label, _dag_body(before, max_nodes, engine), "before"))
+    nav.append(("before", label))
+    if after is not None:
+        cmp = compare(before, after)
+        sections.append(_section("What the pass changed", cmp._repr_html_(), "changes"))
+        sections.append(_section("After the pass", _dag_body(after, max_nodes, engine), "after"))
+        nav += [("changes", "Changes"), ("after", "After")]
+    final = after if after is not None else before
+    if schedule and hasattr(final, "graph"):
+        body = _schedule_body(final, cost)
+        if body is not None:
+            sections.append(_section(f"Simulated schedule ({cost})", body, "schedule"))
+            nav.append(("schedule", "Schedule"))
+    from . import __version__
+
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{PAGE_CSS}{_view.CSS}</style></head>"
+        f'<body><div class="sp-root"><h1>{html.escape(title)}</h1>'
+        f'<p class="meta">streampass {__version__}, {stamp}. Hover over red nodes and edges for what can go wrong.</p>'
+        "<nav>" + "".join(f'<a href="#{a}">{html.escape(t)}</a>' for a, t in nav) + "</nav>"
+        + "".join(sections)
+        + "</div></body></html>\n"
+    )
+
+
+def write_report(path, before, after=None, **kwargs) -> Path:
+    """Write :func:`build_report` to ``path`` (parent folders are created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(build_report(before, after, **kwargs), encoding="utf-8")
+    return path

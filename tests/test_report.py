@@ -1,0 +1,164 @@
+"""The HTML report: `streampass demo --html`, `streampass inspect`, rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+import torch
+
+import streampass as sp
+from streampass import cli
+from streampass.report import build_report
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _self_contained(page: str) -> None:
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<script" not in page.lower()
+    # no fetched resources: only XML namespace URIs may mention http
+    for m in re.finditer(r'(?:src|href)\s*=\s*"([^"]*)"', page):
+        assert not m.group(1).startswith(("http:", "https:", "//")), m.group(0)
+    assert "@import" not in page and "url(http" not in page
+    assert "<!DOCTYPE svg" not in page  # inline SVG has its prologue stripped
+
+
+def test_demo_writes_html_and_keeps_its_printout(tmp_path, capsys):
+    path = tmp_path / "out" / "demo.html"
+    assert cli.main(["demo", "--html", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "hazards before the pass: 17" in out and "hazards after the pass: 0" in out
+    assert f"HTML report: {path.resolve()}" in out
+    page = path.read_text()
+    _self_contained(page)
+    for section in ("Before the pass", "What the pass changed", "After the pass", "Waits added"):
+        assert section in page
+    assert page.count("<svg") >= 2
+    assert "mm_1 on stream 0 reads addmm" in page  # a hazard message (table and tooltip)
+
+
+def test_demo_default_html_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["demo"]) == 0
+    assert (tmp_path / "streampass-demo.html").is_file()
+
+
+def test_inspect_module_function(tmp_path, monkeypatch, capsys):
+    (tmp_path / "sp_user_model.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            import streampass as sp
+
+            def fn(x, w):
+                h = x @ w
+                with sp.stream(1):
+                    g = torch.tanh(h)
+                return h + g
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "inspect.html"
+    rc = cli.main(["inspect", "sp_user_model:fn", "--shapes", "8x16,16x4", "--html", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "streams: [0, 1]" in out and "hazards after the pass: 0" in out
+    assert "HTML report:" in out
+    _self_contained(path.read_text())
+
+
+def test_inspect_exported_program(tmp_path, capsys):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            with sp.stream(1):
+                y = self.lin(x).cos()
+            return y + x
+
+    # strict export traces sp.stream as torch.fx.traceback.annotate, which survives save/load
+    ep = torch.export.export(M(), (torch.randn(2, 8),), strict=True)
+    pt2 = tmp_path / "m.pt2"
+    torch.export.save(ep, str(pt2))
+    path = tmp_path / "m.html"
+    rc = cli.main(["inspect", str(pt2), "--html", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "stream 1:" in out and "hazards after the pass: 0" in out
+    assert "What the pass changed" in path.read_text()
+
+
+def test_inspect_rejects_bad_target():
+    with pytest.raises(SystemExit, match="module:function"):
+        cli.main(["inspect", "no_colon_here"])
+
+
+def _chromium() -> str:
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail(
+        "headless Chromium is needed to render the HTML report and was not found "
+        f"(looked for {', '.join(CHROMIUM_NAMES)}): apt-get install -y chromium"
+    )
+
+
+def test_report_renders_in_headless_chromium(tmp_path):
+    from matplotlib import image
+
+    from streampass.cli import trace_demo
+
+    gm, _ = trace_demo()
+    import copy
+
+    before = copy.deepcopy(gm)
+    sp.run(gm)
+    page = tmp_path / "report.html"
+    page.write_text(build_report(before, gm, title="chromium check"))
+    shot = tmp_path / "shot.png"
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.run(
+            [
+                _chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                f"--screenshot={shot}",
+                "--window-size=1200,900",
+                page.resolve().as_uri(),
+            ],
+            capture_output=True,
+            timeout=120,
+        )
+    assert shot.is_file(), proc.stderr.decode(errors="replace")[-2000:]
+    px = image.imread(str(shot))[..., :3]  # floats in [0, 1]
+    assert px.shape[0] >= 800 and px.shape[1] >= 1100
+    non_white = (px < 0.94).any(axis=-1).mean()
+    assert 0.02 < non_white < 0.9, f"screenshot looks blank or broken: {non_white:.1%} non-white pixels"
+    red = ((px[..., 0] > 0.7) & (px[..., 1] < 0.35) & (px[..., 2] < 0.35)).sum()
+    assert red > 50, "no red (hazard) pixels in the rendered report"
+
+
+def test_cli_module_runs_without_html():
+    proc = subprocess.run(
+        [sys.executable, "-m", "streampass.cli", "demo", "--html", ""], capture_output=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert b"hazards after the pass: 0" in proc.stdout
+    assert b"HTML report" not in proc.stdout  # --html '' writes none
