@@ -1,0 +1,551 @@
+"""``torch.compile`` integration: :class:`StreamPass` as inductor's post-grad custom pass.
+
+Turn it on::
+
+    import streampass.inductor
+    with streampass.inductor.enabled():          # or streampass.inductor.enable() once
+        y = torch.compile(fn)(x)
+
+Every graph inductor compiles (the inference graph, or the forward and the backward graph of
+a training step) goes through :func:`streampass.run` after AOT autograd and before lowering:
+the syncs it inserts are verified hazard-free before inductor sees the graph.
+
+What reaches inductor then depends on the graph's device (see docs/inductor.md, checked on
+torch 2.13.0):
+
+* **CUDA and other GPUs**: the graph keeps its ``custom.stream`` annotations, so inductor's
+  native multi-stream codegen runs kernels on their streams; the syncs stay ``control_deps``
+  wrapped ``torch.ops.streams`` ops (each gets its own copy of the sync subgraph and a
+  non-empty dependency tuple, which inductor's ``control_deps`` lowering requires). Event
+  indices streampass added are moved to ``EVENT_BASE + i`` and resolved at run time by a
+  fallback on dynamo's object table (:func:`install_object_fallback`).
+* **CPU**: inductor's CPU codegen cannot take ``custom.stream`` (``with stream1:`` without a
+  definition) nor device-less extern ops (a fused kernel is emitted after ``del`` of its
+  inputs). The stream of each node moves to ``node.meta["streampass_stream"]`` and each sync
+  becomes ``torch.ops.streampass.sync(deps, op, int_args)``: a no-op custom op with tensor
+  dependencies that counts its calls in :data:`RUNTIME_SYNCS`. CPU runs one stream in order,
+  so no sync is needed for correctness; the op makes the plan observable at run time.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import operator
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx
+from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
+
+from . import ops
+from .annotate import AMBIENT
+from .dag import StreamDAG
+from .pipeline import RunResult, run
+from .reading import read_streams
+
+log = logging.getLogger(__name__)
+
+#: Event indices streampass adds to a GPU graph start here, far above dynamo's object indices.
+EVENT_BASE = 1 << 20
+
+#: ``op name -> calls`` of :func:`sync` made by CPU graphs at run time (tests, debugging).
+RUNTIME_SYNCS: collections.Counter[str] = collections.Counter()
+
+STREAM_KEY = "streampass_stream"  # where CPU graphs keep a node's stream for inductor
+
+_PASS_MODULES = (
+    "inductor.py", "pipeline.py", "reading.py", "plan.py", "apply.py", "verify.py",
+    "hazards.py", "dag.py", "ops.py", "annotate.py", "runtime.py", "errors.py",
+)  # fmt: skip
+
+
+def _source_files() -> tuple[str, ...]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return tuple(os.path.join(here, m) for m in _PASS_MODULES)
+
+
+def _hash_files(paths: tuple[str, ...], extra: str) -> bytes:
+    """sha256 of ``extra`` and the files' contents (torch's ``get_hash_for_files`` is
+    ``lru_cache``d by path, so it would not see a file change within one process)."""
+    h = hashlib.sha256(extra.encode())
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.digest()
+
+
+# --------------------------------------------------------------------------------------------
+# The CPU sync op
+# --------------------------------------------------------------------------------------------
+@torch.library.custom_op("streampass::sync", mutates_args=())
+def sync(deps: list[torch.Tensor], op: str, args: list[int]) -> None:
+    """A sync point of a CPU graph: ``op(*args)`` of ``torch.ops.streams``, a no-op on CPU.
+
+    ``deps`` only order the call and give inductor its device; the call is counted in
+    :data:`RUNTIME_SYNCS`.
+    """
+    RUNTIME_SYNCS[op] += 1
+
+
+@sync.register_fake
+def _(deps, op, args) -> None:
+    return None
+
+
+torch.fx.node.has_side_effect(torch.ops.streampass.sync.default)
+SYNC = torch.ops.streampass.sync.default
+
+
+# --------------------------------------------------------------------------------------------
+# Run-time objects for indices dynamo did not register (GPU graphs)
+# --------------------------------------------------------------------------------------------
+class _ObjectTable(dict):
+    """dynamo's index -> weakref table, answering indices nobody registered (see module doc).
+
+    Index 0 is the current stream, an index ``>= EVENT_BASE`` an event and any other index a
+    side stream, all of the current accelerator (no-op objects on CPU). The objects are owned
+    by :data:`_FALLBACK` and reused for the whole process.
+    """
+
+    def __contains__(self, index: object) -> bool:
+        return dict.__contains__(self, index) or (isinstance(index, int) and index >= 0)
+
+    def __missing__(self, index: int):
+        obj = _fallback_object(index)
+        return lambda: obj
+
+
+_FALLBACK: dict[tuple[str, int], Any] = {}
+
+
+def _fallback_object(index: int):
+    from .runtime import NoOpEvent, NoOpStream
+
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    device = torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
+    if device.type == "cpu":
+        key = ("cpu", index)
+        if key not in _FALLBACK:
+            _FALLBACK[key] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
+        return _FALLBACK[key]
+    if index == AMBIENT:
+        return torch.accelerator.current_stream(device)
+    key = (str(device), index)
+    if key not in _FALLBACK:
+        _FALLBACK[key] = torch.Event(device) if index >= EVENT_BASE else torch.Stream(device)
+    return _FALLBACK[key]
+
+
+def install_object_fallback() -> None:
+    """Let dynamo's object table answer indices it has no entry for (idempotent, process-wide).
+
+    Only lookups that would fail (``AssertionError: Index not registered``) change; dynamo's
+    own entries, its per-call prologue and ``reset_user_object_tracking`` work as before.
+    """
+    from torch._dynamo import graph_bytecode_inputs as table
+
+    if not isinstance(table.index_to_external_object_weakref, _ObjectTable):
+        table.index_to_external_object_weakref = _ObjectTable(table.index_to_external_object_weakref)
+
+
+# --------------------------------------------------------------------------------------------
+# The pass
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class GraphReport:
+    """What :class:`StreamPass` did to one compiled graph (one log line, one trace artifact)."""
+
+    graph: str  # "inference", "forward" or "backward"
+    device: str
+    streams: list[int]
+    cross_stream_edges: int
+    records_added: int
+    waits_added: int
+    hazards_before: dict[str, int]
+    hazards_after: dict[str, int]
+    changed: bool
+    lowering: str  # "native" (GPU), "cpu" or "none"
+    result: RunResult | None = dataclasses.field(default=None, repr=False)
+    verified_graph: torch.fx.GraphModule | None = dataclasses.field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        skip = ("result", "verified_graph")
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
+
+    def line(self) -> str:
+        before, after = sum(self.hazards_before.values()), sum(self.hazards_after.values())
+        return (
+            f"streampass [{self.graph}, {self.device}]: streams {self.streams}, "
+            f"{self.cross_stream_edges} cross-stream edge(s), added {self.records_added} record(s) "
+            f"and {self.waits_added} wait(s), hazards {before} before -> {after} after"
+            + ("" if before == 0 else f" {_nonzero(self.hazards_before)}")
+        )
+
+
+def _nonzero(kinds: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in kinds.items() if v}
+
+
+class StreamPass(CustomInferenceAwareGraphPass):
+    """:func:`streampass.run` as ``torch._inductor.config.post_grad_custom_post_pass``.
+
+    ``uuid()`` hashes the source of every streampass module the pass runs, streampass's
+    version and the options, so inductor's FX graph cache reuses a compiled graph only if
+    the pass that made it is the same.
+
+    Args:
+        keep_graphs: keep, in each :class:`GraphReport`, a copy of the graph as
+            :func:`streampass.run` left it (before the device lowering); for tests.
+    """
+
+    def __init__(self, keep_graphs: bool = False):
+        self.keep_graphs = keep_graphs
+        self.reports: list[GraphReport] = []
+
+    def uuid(self) -> bytes:
+        from . import __version__
+
+        return _hash_files(_source_files(), f"streampass-{__version__}")
+
+    def __call__(self, graph: torch.fx.Graph, is_inference: bool = True) -> None:
+        gm = graph.owning_module
+        kind = "inference" if is_inference else ("backward" if _is_backward(graph) else "forward")
+        device = _device_of(graph)
+        dag = StreamDAG.from_graph(gm)
+        cross = len(dag.cross_stream_edges())
+        if dag.streams == [AMBIENT] and not dag.assignment.syncs:
+            # Nothing to plan. On CPU an explicit ``custom.stream = 0`` (dynamo's index of the
+            # first torch.Stream used) must still not reach inductor's CPU codegen.
+            lowered = device.type == "cpu" and lower_for_cpu(gm)
+            report = GraphReport(kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none")
+        else:
+            _hoist_get_attrs(graph)
+            result = run(gm, bind_runtime=False)
+            kept = _copy(gm) if self.keep_graphs else None
+            if device.type == "cpu":
+                lowering = "cpu"
+                lower_for_cpu(gm)
+            else:
+                lowering = "native"
+                lower_for_gpu(gm, first_new_event=result.plan.first_event)
+            report = GraphReport(
+                kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
+                _nonzero(result.before.by_kind()), _nonzero(result.after.by_kind()), result.changed,
+                lowering, result, kept,
+            )  # fmt: skip
+        self.reports.append(report)
+        _emit(report)
+
+    def __repr__(self) -> str:
+        return "StreamPass()"
+
+
+def _emit(report: GraphReport) -> None:
+    log.info("%s", report.line())
+    torch._logging.trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": "streampass_report", "encoding": "json"},
+        payload_fn=lambda: json.dumps(report.to_json()),
+    )
+
+
+def _hoist_get_attrs(graph: torch.fx.Graph) -> None:
+    """Move every get_attr to the top, right after the placeholders (they depend on nothing).
+
+    torch's ``wrap_all_sync_nodes_with_control_deps`` puts each subgraph's get_attr just before
+    its use; streampass 0.1.0's apply inserts graph-entry records after the *last*
+    placeholder/get_attr node, which then lies mid-graph.
+    """
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    anchor = placeholders[-1] if placeholders else None
+    for node in list(graph.find_nodes(op="get_attr")):
+        if anchor is None:
+            first = next(iter(graph.nodes))
+            if first is not node:
+                first.prepend(node)
+        else:
+            anchor.append(node)
+        anchor = node
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    g = torch.fx.Graph()
+    out = g.graph_copy(gm.graph, {})
+    g.output(out)
+    return torch.fx.GraphModule(gm, g)
+
+
+def _is_backward(graph: torch.fx.Graph) -> bool:
+    return any(p.name.startswith("tangents") for p in graph.find_nodes(op="placeholder"))
+
+
+def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    return [v for v in vals if isinstance(v, torch.Tensor)]
+
+
+def _device_of(graph: torch.fx.Graph) -> torch.device:
+    """The graph's GPU device if any value lives on one, else CPU."""
+    devices = {t.device for n in graph.nodes for t in _tensor_vals(n)}
+    gpu = sorted((d for d in devices if d.type not in ("cpu", "meta")), key=str)
+    return gpu[0] if gpu else torch.device("cpu")
+
+
+# --------------------------------------------------------------------------------------------
+# Device lowerings (after run(): the verified plan is fixed, only its encoding changes)
+# --------------------------------------------------------------------------------------------
+def _is_tensor_node(n: Any) -> bool:
+    return isinstance(n, torch.fx.Node) and len(_tensor_vals(n)) == 1 and isinstance(n.meta.get("val"), torch.Tensor)
+
+
+def lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
+    """Make a graph :func:`streampass.run` left compilable by inductor's CPU backend.
+
+    Streams move from ``custom["stream"]`` to ``meta["streampass_stream"]``; every stream op
+    (plain or in ``control_deps``) becomes ``streampass.sync(tensor_deps, op, int_args)``,
+    and readers of a ``control_deps`` passthrough read the value itself. Returns whether
+    anything changed (a graph without streams is left alone).
+    """
+    graph = gm.graph
+    changed = False
+    a = read_streams(gm, getattr(gm, "_streampass_external_events", ()))
+    tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
+    for node in list(graph.nodes):
+        call = a.syncs.get(node)
+        if call is None:
+            continue
+        if call.wrapper is not None:
+            deps = [d for d in node.args[0] if _is_tensor_node(d)]
+            passthrough = ops.passthrough_values(node)
+            deps += [p for p in passthrough if _is_tensor_node(p) and p not in deps]
+            for user in list(node.users):
+                if user.target is operator.getitem and 1 <= user.args[1] <= len(passthrough):
+                    user.replace_all_uses_with(passthrough[user.args[1] - 1])
+                    graph.erase_node(user)
+            ints = [x for x in call.args if not isinstance(x, torch.fx.Node)]
+        else:
+            deps = [x for x in call.args if _is_tensor_node(x)]
+            ints = [x for x in call.args if isinstance(x, int)]
+        deps = deps or tensor_inputs[:1]
+        # A sync that orders nothing on CPU (no tensor anywhere) is dropped.
+        if deps:
+            with graph.inserting_before(node):
+                new = graph.call_function(SYNC, (deps, call.name, ints))
+            new.meta["val"] = None
+            new.meta[STREAM_KEY] = a.stream.get(node, AMBIENT)
+            new.meta["streampass"] = "sync"
+        # Remaining users are other syncs' dependency tuples: order among no-ops is moot.
+        for user in list(node.users):
+            if user.target is ops.CONTROL_DEPS:
+                user.args = (tuple(d for d in user.args[0] if d is not node), *user.args[1:])
+        if node.users:
+            raise AssertionError(f"streampass: {node.name} still has users {list(node.users)}")
+        graph.erase_node(node)
+        changed = True
+    for node in graph.nodes:
+        custom = node.meta.get("custom")
+        if isinstance(custom, dict) and "stream" in custom:
+            node.meta[STREAM_KEY] = custom["stream"]
+            rest = {k: v for k, v in custom.items() if k != "stream"}
+            if rest:
+                node.meta["custom"] = rest
+            else:
+                del node.meta["custom"]
+            changed = True
+    if changed:
+        _drop_unused_subgraphs(gm)
+        graph.lint()
+        gm.recompile()
+    return changed
+
+
+def lower_for_gpu(gm: torch.fx.GraphModule, first_new_event: int | None = None) -> None:
+    """Shape the ``control_deps`` syncs as inductor's lowering needs them (GPU graphs).
+
+    torch 2.13's ``control_deps`` lowering asserts a non-empty dependency tuple and runs the
+    subgraph's nodes in the outer graph's environment, so a subgraph shared by several syncs
+    fails on its second use: each sync gets its own copy. Event indices ``>= first_new_event``
+    (the ones :func:`streampass.run` allocated) move to ``EVENT_BASE + i`` so the run-time
+    fallback (:func:`install_object_fallback`) knows they are events.
+    """
+    install_object_fallback()
+    graph = gm.graph
+    a = read_streams(gm, getattr(gm, "_streampass_external_events", ()))
+    remap: dict[int, int] = {}
+    if first_new_event is not None:
+        for e in sorted(a.events()):
+            if first_new_event <= e < EVENT_BASE:
+                remap[e] = EVENT_BASE + len(remap)
+    tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
+    event_ops = (ops.RECORD_EVENT, ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC)
+    for node in list(graph.nodes):
+        call = a.syncs.get(node)
+        if call is None:
+            continue
+        if call.wrapper is None:
+            if call.target in event_ops and call.args[0] in remap:
+                node.args = (remap[call.args[0]], *node.args[1:])
+            continue
+        sub = ops._subgraph_module(node)
+        g = torch.fx.Graph()
+        g.output(g.graph_copy(sub.graph, {}))
+        attr = _free_attr(gm, f"streampass_sync_{node.name}")
+        gm.add_submodule(attr, torch.fx.GraphModule(gm, g, class_name="StreamSync"))
+        with graph.inserting_before(node):
+            getter = graph.get_attr(attr)
+        deps = tuple(node.args[0]) or tuple(tensor_inputs[:1])
+        args = list(node.args[2:])
+        if call.target in event_ops and args and args[0] in remap:
+            args[0] = remap[args[0]]
+        node.args = (deps, getter, *args)
+    _drop_unused_subgraphs(gm)
+    graph.lint()
+    gm.recompile()
+
+
+def _free_attr(gm: torch.nn.Module, base: str) -> str:
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _drop_unused_subgraphs(gm: torch.fx.GraphModule) -> None:
+    for node in list(gm.graph.find_nodes(op="get_attr")):
+        if not node.users and isinstance(getattr(gm, node.target, None), torch.fx.GraphModule):
+            gm.graph.erase_node(node)
+            delattr(gm, node.target)
+
+
+# --------------------------------------------------------------------------------------------
+# Installing it
+# --------------------------------------------------------------------------------------------
+def _as_list(p: Any) -> list:
+    if p is None:
+        return []
+    return list(p) if isinstance(p, (list, tuple)) else [p]
+
+
+def with_streampass(current: Any, pass_: StreamPass | None = None) -> list:
+    """``current`` (the user's post-grad pass or passes) followed by a StreamPass.
+
+    StreamPass goes last so that its syncs cover whatever the other passes did; an existing
+    StreamPass is kept, not doubled.
+    """
+    passes = _as_list(current)
+    if any(isinstance(p, StreamPass) for p in passes):
+        return passes
+    return [*passes, pass_ if pass_ is not None else StreamPass()]
+
+
+def enable(pass_: StreamPass | None = None) -> StreamPass:
+    """Install StreamPass for the rest of the process (next to any post-grad pass already set).
+
+    Also installs the CPU guard for torch's AOT stream passes (:func:`cpu_safe_aot_stream_passes`)
+    and the object-table fallback. Returns the installed pass.
+    """
+    from torch._inductor import config
+
+    config.post_grad_custom_post_pass = with_streampass(config.post_grad_custom_post_pass, pass_)
+    _aot_guard_on()
+    install_object_fallback()
+    return next(p for p in config.post_grad_custom_post_pass if isinstance(p, StreamPass))
+
+
+@contextlib.contextmanager
+def enabled(pass_: StreamPass | None = None) -> Iterator[StreamPass]:
+    """StreamPass and the AOT CPU guard for the duration of the block; yields the pass.
+
+    The compile happens at the first call of a compiled function, so call it (the first
+    forward of a training step included) inside the block.
+    """
+    from torch._inductor import config
+
+    passes = with_streampass(config.post_grad_custom_post_pass, pass_)
+    install_object_fallback()
+    with config.patch(post_grad_custom_post_pass=passes), cpu_safe_aot_stream_passes():
+        yield next(p for p in passes if isinstance(p, StreamPass))
+
+
+# --------------------------------------------------------------------------------------------
+# Guard for torch's AOT stream passes on CPU (torch 2.13.0)
+# --------------------------------------------------------------------------------------------
+def _cpu_only(gm: torch.fx.GraphModule) -> bool:
+    return all(t.device.type == "cpu" for n in gm.graph.nodes for t in _tensor_vals(n))
+
+
+@functools.cache
+def _guarded_sync_deallocations():
+    from torch._functorch._aot_autograd import graph_capture
+
+    original = graph_capture.sync_deallocations
+
+    def sync_deallocations(gm: torch.fx.GraphModule) -> None:
+        if _cpu_only(gm):
+            # torch's version estimates kernel times with triton and inserts record_stream,
+            # which CPU has neither of; StreamPass plans CPU deallocations itself.
+            return
+        return original(gm)
+
+    sync_deallocations.__wrapped__ = original
+    return graph_capture, original, sync_deallocations
+
+
+_guard_depth = 0
+
+
+def _aot_guard_on() -> None:
+    global _guard_depth
+    graph_capture, _, guarded = _guarded_sync_deallocations()
+    _guard_depth += 1
+    graph_capture.sync_deallocations = guarded
+
+
+def _aot_guard_off() -> None:
+    global _guard_depth
+    graph_capture, original, _ = _guarded_sync_deallocations()
+    _guard_depth -= 1
+    if _guard_depth <= 0:
+        _guard_depth = 0
+        graph_capture.sync_deallocations = original
+
+
+@contextlib.contextmanager
+def cpu_safe_aot_stream_passes() -> Iterator[None]:
+    """While active, AOT autograd skips ``sync_deallocations`` for CPU-only joint graphs.
+
+    On torch 2.13.0 that pass crashes for CPU training graphs with ``custom.stream``
+    annotations (it imports triton to estimate kernel times). This swaps the module
+    attribute ``torch._functorch._aot_autograd.graph_capture.sync_deallocations`` (no file
+    is edited); GPU graphs still get torch's pass. Nesting is fine.
+    """
+    _aot_guard_on()
+    try:
+        yield
+    finally:
+        _aot_guard_off()
+
+
+__all__ = [
+    "EVENT_BASE",
+    "GraphReport",
+    "RUNTIME_SYNCS",
+    "StreamPass",
+    "cpu_safe_aot_stream_passes",
+    "enable",
+    "enabled",
+    "install_object_fallback",
+    "lower_for_cpu",
+    "lower_for_gpu",
+    "with_streampass",
+]

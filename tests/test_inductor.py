@@ -1,0 +1,407 @@
+"""torch.compile + inductor with StreamPass as the post-grad custom pass, end to end on CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import operator
+from unittest import mock
+
+import pytest
+import torch
+import torch._dynamo
+import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
+from torch._dynamo.utils import counters
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import streampass as sp
+import streampass.inductor as spi
+from streampass import ops
+
+# --------------------------------------------------------------------------------------------
+# Scenarios: each takes ``ctx(k)``, the way a block says "run on stream k".
+# --------------------------------------------------------------------------------------------
+
+
+def branches(ctx, x, y):
+    a = x.sin()
+    with ctx(1):
+        b = y.cos() * 2
+    with ctx(2):
+        c = x.exp() + 1
+    return a * b + c
+
+
+def fanout(ctx, x, y):
+    with ctx(1):
+        p = (x * y).sin()
+    with ctx(2):
+        a = p.cos()
+    with ctx(3):
+        b = p.exp()
+    d = p + 1
+    return a + b * d
+
+
+def nested(ctx, x, y):
+    with ctx(1):
+        a = x.sin()
+        with ctx(2):
+            b = a.cos() * y
+        c = a * b
+    return c + x
+
+
+def chain(ctx, x, y):
+    for i in range(8):
+        with ctx(1 + i % 2):
+            y = (y * x).sin() + 1
+    return y
+
+
+def inplace(ctx, buf, y):
+    with ctx(1):
+        buf.add_(y.detach() * 2)
+    return buf * y + 1
+
+
+def ambient(ctx, x, y):
+    return (x.sin() * y).cos() + 1
+
+
+SCENARIOS = {f.__name__: f for f in (branches, fanout, nested, chain, inplace, ambient)}
+MULTI_STREAM = {"branches", "fanout", "nested", "chain", "inplace"}
+
+# dynamo-captured torch.Stream contexts: one CPU stream object per index. On CPU dynamo gives
+# index 0 to the first stream the function uses (on CUDA: the current stream), and streampass
+# reads index 0 as the ambient stream, so the functions first enter the "ambient" one.
+_CPU_STREAMS = {k: torch.Stream("cpu") for k in (0, 1, 2, 3)}
+STYLES = {
+    "sp.stream": sp.stream,
+    "torch.Stream": lambda k: _CPU_STREAMS[k],
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """No FX/AOT cache reuse between tests (annotations are not part of torch's cache keys)."""
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        yield
+    torch._dynamo.reset()
+
+
+def _inputs(name):
+    torch.manual_seed(0)
+    return torch.randn(8, 8), torch.randn(8, 8)
+
+
+def _compile_and_run(name, style, mode, pass_=None):
+    """Compile scenario ``name`` under StreamPass; returns (outputs, eager outputs, pass, run-time syncs)."""
+    scenario, ctx = SCENARIOS[name], STYLES[style]
+
+    if style == "sp.stream":
+
+        def fn(x, y):
+            return scenario(ctx, x, y)
+
+    else:
+
+        def fn(x, y):
+            with _CPU_STREAMS[0]:
+                return scenario(ctx, x, y)
+
+    x, y = _inputs(name)
+    pass_ = pass_ if pass_ is not None else spi.StreamPass(keep_graphs=True)
+    syncs0 = sum(spi.RUNTIME_SYNCS.values())
+    with spi.enabled(pass_):
+        cfn = torch.compile(fn, backend="inductor", fullgraph=True)
+        if mode == "inference":
+            with torch.no_grad():
+                xc, xe = x.clone(), x.clone()
+                got = (cfn(xc, y), xc)
+                want = (fn(xe, y), xe)
+        else:
+            xc, xe = x.clone(), x.clone()
+            if name != "inplace":
+                xc.requires_grad_(), xe.requires_grad_()
+            yc, ye = y.clone().requires_grad_(), y.clone().requires_grad_()
+            out_c, out_e = cfn(xc, yc), fn(xe, ye)
+            out_c.sum().backward()
+            out_e.sum().backward()
+            got = (out_c, xc.detach(), yc.grad) + ((xc.grad,) if xc.requires_grad else ())
+            want = (out_e, xe.detach(), ye.grad) + ((xe.grad,) if xe.requires_grad else ())
+    return got, want, pass_, sum(spi.RUNTIME_SYNCS.values()) - syncs0
+
+
+CASES = [
+    (name, style, mode)
+    for name in SCENARIOS
+    for style in STYLES
+    for mode in ("inference", "training")
+]
+
+
+@pytest.mark.parametrize("name,style,mode", CASES, ids=["-".join(c) for c in CASES])
+def test_end_to_end(name, style, mode):
+    got, want, p, runtime_syncs = _compile_and_run(name, style, mode)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    kinds = [r.graph for r in p.reports]
+    assert kinds == (["inference"] if mode == "inference" else ["forward", "backward"])
+    for r in p.reports:
+        if r.result is not None:
+            assert r.result.after.ok, r.result.after
+            assert sp.verify(r.verified_graph).ok
+            # nothing stream-related reaches inductor's CPU codegen
+            assert r.lowering == "cpu"
+    if name in MULTI_STREAM:
+        fwd = p.reports[0]
+        assert fwd.changed and fwd.records_added > 0 and fwd.waits_added > 0
+        assert len(fwd.streams) >= 2 and fwd.cross_stream_edges > 0
+        assert sum(fwd.hazards_before.values()) > 0 and not fwd.hazards_after
+        assert runtime_syncs >= fwd.records_added + fwd.waits_added
+    else:
+        assert all(r.records_added == r.waits_added == 0 and r.streams == [0] for r in p.reports)
+        assert runtime_syncs == 0
+        if style == "sp.stream":  # nothing annotated: nothing to do
+            assert all(not r.changed and r.lowering == "none" for r in p.reports)
+        else:  # dynamo's custom.stream = 0 is only kept away from inductor's CPU codegen
+            assert all(r.lowering == "cpu" for r in p.reports)
+
+
+# --------------------------------------------------------------------------------------------
+# Installing next to a user's pass; a graph with only the ambient stream is left alone
+# --------------------------------------------------------------------------------------------
+class Recorder(CustomGraphPass):
+    """A user's post-grad pass: remembers the graph code it saw."""
+
+    def __init__(self, tag):
+        self.tag, self.seen = tag, []
+
+    def __call__(self, graph):
+        graph.owning_module.recompile()
+        self.seen.append(graph.owning_module.code)
+
+    def uuid(self):
+        return self.tag
+
+
+def test_with_streampass_composes_and_does_not_double():
+    user = Recorder("user")
+    passes = spi.with_streampass(user)
+    assert passes[0] is user and isinstance(passes[1], spi.StreamPass)
+    assert spi.with_streampass(passes) == passes
+    assert spi.with_streampass(None)[0].__class__ is spi.StreamPass
+    with inductor_config.patch(post_grad_custom_post_pass=user):
+        with spi.enabled() as p:
+            assert inductor_config.post_grad_custom_post_pass == [user, p]
+        assert inductor_config.post_grad_custom_post_pass is user
+
+
+def test_user_pass_runs_and_ambient_graph_is_unchanged():
+    before, after = Recorder("before"), Recorder("after")
+    p = spi.StreamPass()
+    with inductor_config.patch(post_grad_custom_post_pass=[before, p, after]), spi.cpu_safe_aot_stream_passes():
+        fn = lambda x, y: ambient(None, x, y)  # noqa: E731
+        x, y = _inputs("ambient")
+        torch.testing.assert_close(torch.compile(fn, backend="inductor")(x, y), fn(x, y))
+    assert len(before.seen) == len(after.seen) == 1
+    assert before.seen == after.seen
+    assert [(r.changed, r.lowering) for r in p.reports] == [(False, "none")]
+
+
+def test_user_pass_kept_when_streams_are_used():
+    user = Recorder("user")
+    with inductor_config.patch(post_grad_custom_post_pass=user):
+        got, want, p, _ = _compile_and_run("branches", "sp.stream", "inference")
+    torch.testing.assert_close(got, want)
+    assert len(user.seen) == 1 and p.reports[0].records_added > 0
+    # the user's pass ran first: it saw the graph without streampass's syncs
+    assert "control_deps" not in user.seen[0] and "streampass" not in user.seen[0]
+
+
+# --------------------------------------------------------------------------------------------
+# uuid and inductor's FX graph cache
+# --------------------------------------------------------------------------------------------
+def test_uuid_stable_across_instances_and_processes():
+    import subprocess
+    import sys
+
+    here = spi.StreamPass().uuid()
+    assert here == spi.StreamPass(keep_graphs=True).uuid() and isinstance(here, bytes)
+    code = "import streampass.inductor as s; print(s.StreamPass().uuid().hex())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == here.hex()
+
+
+def _copied_sources(tmp_path, monkeypatch):
+    files = []
+    for f in spi._source_files():
+        dst = tmp_path / f.rsplit("/", 1)[1]
+        dst.write_text(open(f).read())
+        files.append(str(dst))
+    monkeypatch.setattr(spi, "_source_files", lambda: tuple(files))
+    return files
+
+
+def test_uuid_changes_when_pass_source_changes(tmp_path, monkeypatch):
+    original = spi.StreamPass().uuid()
+    files = _copied_sources(tmp_path, monkeypatch)
+    assert spi.StreamPass().uuid() == original
+    for f in files:
+        if f.endswith("plan.py"):
+            with open(f, "a") as fh:
+                fh.write("\n# a change\n")
+    assert spi.StreamPass().uuid() != original
+
+
+def test_fx_graph_cache_hit_then_miss_after_uuid_change(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "src").mkdir()
+    files = _copied_sources(tmp_path / "src", monkeypatch)
+
+    def compile_once():
+        torch._dynamo.reset()
+        counters.clear()
+        p = spi.StreamPass()
+        syncs0 = sum(spi.RUNTIME_SYNCS.values())
+        with inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False), spi.enabled(p):
+            fn = lambda x, y: branches(sp.stream, x, y)  # noqa: E731
+            x, y = _inputs("branches")
+            torch.testing.assert_close(torch.compile(fn, backend="inductor")(x, y), fn(x, y))
+        c = counters["inductor"]
+        return c["fxgraph_cache_hit"], c["fxgraph_cache_miss"], len(p.reports), sum(spi.RUNTIME_SYNCS.values()) - syncs0
+
+    first = compile_once()
+    assert first[:3] == (0, 1, 1)
+    second = compile_once()
+    assert second[:3] == (1, 0, 0)  # a hit: the pass did not even run
+    assert second[3] == first[3] > 0  # and the cached code still performs every sync
+    with open(files[0], "a") as fh:
+        fh.write("\n# streampass changed\n")
+    third = compile_once()
+    assert third[:3] == (0, 1, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# torch's own AOT syncs: reused, and only the missing ones added
+# --------------------------------------------------------------------------------------------
+def _backward_graph():
+    """p on stream 1, read on stream 2 and on the ambient stream; tagged as backward nodes."""
+    g = torch.fx.Graph()
+    v = torch.empty(4, device="meta")  # not CPU: insert_backward_syncs skips CPU producers
+    x = g.placeholder("x")
+    x.meta["val"] = v
+
+    def op(fn, args, s):
+        n = g.call_function(fn, args)
+        n.meta.update(val=v, custom={"stream": s}, partitioner_tag="is_backward")
+        return n
+
+    aten = torch.ops.aten
+    p = op(aten.sin.default, (x,), 1)
+    a = op(aten.cos.default, (p,), 2)
+    b = op(aten.exp.default, (p,), 0)
+    g.output((op(aten.add.Tensor, (a, b), 0),))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def _waits(gm):
+    return [c.node for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None and c.target is ops.WAIT_EVENT]
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "control_deps"])
+def test_reuses_torch_backward_syncs_and_adds_only_missing(wrapped):
+    from torch._dynamo import graph_bytecode_inputs
+    from torch._functorch._aot_autograd import streams as aot_streams
+
+    graph_bytecode_inputs.reset_user_object_tracking()
+    gm = _backward_graph()
+    aot_streams.insert_backward_syncs(gm)
+    if wrapped:
+        aot_streams.wrap_all_sync_nodes_with_control_deps(gm)
+    gm.recompile()
+    graph_bytecode_inputs.reset_user_object_tracking()
+    torch_waits = _waits(gm)
+    assert len(torch_waits) == 2
+    missing = sp.verify(gm)
+    # torch's pass leaves the fan-out read of p on the ambient stream without a wait
+    assert any(h.kind == "raw" and "exp" in h.message for h in missing.hazards)
+
+    p = spi.StreamPass(keep_graphs=True)
+    p(gm.graph, is_inference=False)
+    (report,) = p.reports
+    result, out = report.result, report.verified_graph
+    assert result.ok and sp.verify(out).ok
+    # one wait per missing requirement, torch's two waits reused, none duplicated
+    assert result.waits_added == len(missing.hazards) == 4
+    assert len(_waits(out)) == len(torch_waits) + result.waits_added
+    # and fewer waits than planning from scratch would need (5: torch's 2 are free)
+    scratch = _backward_graph()
+    assert sp.run(scratch, bind_runtime=False).waits_added == 5
+
+
+# --------------------------------------------------------------------------------------------
+# Observability
+# --------------------------------------------------------------------------------------------
+def test_one_info_line_per_compiled_graph(caplog):
+    with caplog.at_level(logging.INFO, logger="streampass"):
+        _compile_and_run("branches", "sp.stream", "training")
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("streampass")]
+    assert len(lines) == 2
+    assert lines[0].startswith("streampass [forward, cpu]: streams [0, 1, 2]")
+    assert lines[1].startswith("streampass [backward, cpu]")
+    for line in lines:
+        assert "cross-stream edge(s)" in line and "record(s)" in line and "wait(s)" in line
+        assert "-> 0 after" in line and "hazards 0 before" not in line
+
+
+def test_report_is_a_structured_trace_artifact():
+    calls = []
+
+    def fake_trace_structured(name, metadata_fn=None, payload_fn=None, **kw):
+        if name == "artifact" and metadata_fn is not None and metadata_fn().get("name") == "streampass_report":
+            calls.append((metadata_fn(), payload_fn()))
+
+    with mock.patch.object(torch._logging, "trace_structured", fake_trace_structured):
+        _, _, p, _ = _compile_and_run("fanout", "sp.stream", "inference")
+    assert len(calls) == 1
+    meta, payload = calls[0]
+    assert meta == {"name": "streampass_report", "encoding": "json"}
+    data = json.loads(payload)
+    r = p.reports[0]
+    assert data["graph"] == "inference" and data["streams"] == [0, 1, 2, 3]
+    assert data["records_added"] == r.records_added > 0 and data["waits_added"] == r.waits_added
+    assert data["hazards_after"] == {} and sum(data["hazards_before"].values()) > 0
+
+
+# --------------------------------------------------------------------------------------------
+# The guard for torch's AOT stream passes
+# --------------------------------------------------------------------------------------------
+def test_aot_guard_skips_cpu_graphs_only_and_restores():
+    from torch._functorch._aot_autograd import graph_capture
+
+    original = graph_capture.sync_deallocations
+    seen = []
+    with mock.patch.object(graph_capture, "sync_deallocations", lambda gm: seen.append(gm)):
+        inner = graph_capture.sync_deallocations
+        spi._guarded_sync_deallocations.cache_clear()
+        try:
+            with spi.cpu_safe_aot_stream_passes():
+                with spi.cpu_safe_aot_stream_passes():
+                    guarded = graph_capture.sync_deallocations
+                assert graph_capture.sync_deallocations is guarded  # still on in the outer block
+                cpu, meta = _backward_graph(), _backward_graph()
+                for n in cpu.graph.nodes:
+                    if "val" in n.meta:
+                        n.meta["val"] = torch.empty(4)
+                guarded(cpu)
+                guarded(meta)
+            assert graph_capture.sync_deallocations is inner
+        finally:
+            spi._guarded_sync_deallocations.cache_clear()
+    assert seen == [meta]
+    assert graph_capture.sync_deallocations is original
