@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -113,20 +114,100 @@ def first_free_event(a: StreamAssignment) -> int:
 
 
 class _Clocks:
-    """Every stream's vector clock, and the clocks existing records captured."""
+    """What each stream knows of every other stream, and the clocks existing records captured.
 
-    __slots__ = ("vc", "events")
+    ``k[b * n + s]`` is how many nodes of stream ``s`` stream ``b`` knows to be complete.
+    A stream's knowledge of itself is how many of its nodes have been issued, the same in
+    every state of the search, so it lives outside (``issued``) and the diagonal is unused:
+    issuing a compute node then costs nothing per state.
+    """
 
-    def __init__(self, vc: list[list[int]], events: dict[int, list[int]]):
-        self.vc, self.events = vc, events
+    __slots__ = ("k", "n", "events")
+
+    def __init__(self, n: int, k: list[int] | None = None, events: dict[int, list[int]] | None = None):
+        self.n = n
+        self.k = k if k is not None else [0] * (n * n)
+        self.events = events if events is not None else {}
 
     def copy(self) -> _Clocks:
-        return _Clocks([list(r) for r in self.vc], {e: list(c) for e, c in self.events.items()})
+        return _Clocks(self.n, list(self.k), {e: list(c) for e, c in self.events.items()})
+
+    def know(self, issued: list[int], b: int, s: int) -> int:
+        return issued[s] if s == b else self.k[b * self.n + s]
+
+    def row(self, issued: list[int], b: int) -> list[int]:
+        r = self.k[b * self.n : (b + 1) * self.n]
+        r[b] = issued[b]
+        return r
+
+    def join(self, b: int, src: list[int], gate=None, gained=None) -> None:
+        k, base = self.k, b * self.n
+        for i, v in enumerate(src):
+            if i != b and v > k[base + i]:
+                k[base + i] = v
+                if gained is not None:
+                    gained(b, i, v, gate)
 
     def dominates(self, other: _Clocks) -> bool:
-        return all(x >= y for r, o in zip(self.vc, other.vc) for x, y in zip(r, o)) and all(
-            e in self.events and all(x >= y for x, y in zip(self.events[e], c)) for e, c in other.events.items()
+        return all(map(operator.ge, self.k, other.k)) and all(
+            e in self.events and all(map(operator.ge, self.events[e], c)) for e, c in other.events.items()
         )
+
+    def total(self) -> int:
+        return sum(self.k)
+
+
+class _StillNeeded:
+    """Which positions of each stream some demand not yet reached still needs.
+
+    Knowledge that no remaining demand can test is irrelevant: a clock entry ``v`` of stream
+    ``s`` behaves exactly like the largest still-needed position ``<= v``. Rounding every
+    state down to that (:meth:`canon`) makes states that differ only in irrelevant knowledge
+    equal, which keeps the search's frontier small. Union-find over positions gives the
+    "largest still-needed position <= v" query in near-constant time.
+    """
+
+    def __init__(self, counts: list[int], demands: list[_Demand]):
+        self.parent = [list(range(c + 1)) for c in counts]  # position 0 is always "needed"
+        last: dict[tuple[int, int], int] = {}
+        for k, d in enumerate(demands):
+            for sp in d.slots:
+                last[sp] = k
+        self.retire: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for sp, k in last.items():
+            self.retire[k].append(sp)
+        needed = {sp for sp in last}
+        for s, c in enumerate(counts):
+            for p in range(1, c + 1):
+                if (s, p) not in needed:
+                    self.parent[s][p] = p - 1
+
+    def find(self, s: int, v: int) -> int:
+        parent = self.parent[s]
+        root = v
+        while parent[root] != root:
+            root = parent[root]
+        while parent[v] != root:
+            parent[v], v = root, parent[v]
+        return root
+
+    def done(self, k: int) -> None:
+        """Demand ``k`` is planned: positions no later demand needs stop mattering."""
+        for s, p in self.retire.pop(k, ()):
+            self.parent[s][p] = p - 1
+
+    def canon(self, clk: _Clocks) -> tuple:
+        n = clk.n
+        k = clk.k
+        for i in range(n * n):
+            b, s = divmod(i, n)
+            if b != s and k[i]:
+                k[i] = self.find(s, k[i])
+        for c in clk.events.values():
+            for s, v in enumerate(c):
+                if v:
+                    c[s] = self.find(s, v)
+        return (tuple(k), tuple(sorted((e, tuple(c)) for e, c in clk.events.items())))
 
 
 @dataclass
@@ -135,6 +216,7 @@ class _Demand:
     needs: list[tuple[Node, Node | None]]
     before: Node
     on_gate: object  # callable(gate, value)
+    slots: list[tuple[int, int]] = field(default_factory=list)  # (stream slot, position) per need
 
 
 class _Planner:
@@ -152,57 +234,43 @@ class _Planner:
 
     # -- shared by the search and the walk ------------------------------------------------
     def _fresh(self) -> _Clocks:
-        n = len(self.streams)
-        return _Clocks([[0] * n for _ in range(n)], {})
+        return _Clocks(len(self.streams))
 
-    def _issue(self, clk: _Clocks, node: Node, gained=None) -> None:
-        """Advance ``clk`` past ``node``; ``gained(b, slot, value, gate)`` hears of new knowledge."""
+    def _sync(self, clk: _Clocks, issued: list[int], node: Node, call, gained=None) -> None:
+        """Apply an existing sync op of the graph to ``clk`` (``issued`` already counts it)."""
         b = self.slot[self.a.stream[node]]
-        mine = clk.vc[b]
-        mine[b] += 1
-        call = self.a.syncs.get(node)
-        if call is None:
-            return
-        src = None
         if call.target is ops.RECORD_EVENT:
-            clk.events[call.args[0]] = list(mine)
+            clk.events[call.args[0]] = clk.row(issued, b)
         elif call.target is ops.WAIT_EVENT:
             src = clk.events.get(call.args[0])
+            if src is not None:
+                clk.join(b, src, node, gained)
         elif call.target is ops.WAIT_STREAM:
-            src = list(clk.vc[self.slot[call.args[1]]])
+            clk.join(b, clk.row(issued, self.slot[call.args[1]]), node, gained)
         # synchronize_* and sync_dealloc are honoured by verify, but the planner does not rely
         # on them: they cannot carry the data dependencies that keep the order under reordering.
-        if src is not None:
-            self._join(clk, b, src, node, gained)
 
-    @staticmethod
-    def _join(clk: _Clocks, b: int, src: list[int], gate, gained) -> None:
-        mine = clk.vc[b]
-        for i, v in enumerate(src):
-            if v > mine[i]:
-                mine[i] = v
-                if gained is not None and i != b:
-                    gained(b, i, v, gate)
+    def _unmet(self, clk: _Clocks, issued: list[int], d: _Demand) -> list[tuple[int, int]]:
+        b = d.stream
+        return [(s, p) for s, p in d.slots if clk.know(issued, b, s) < p]
 
-    def _unmet(self, clk: _Clocks, d: _Demand) -> list[tuple[int, int]]:
-        mine = clk.vc[d.stream]
-        out = []
-        for producer, _ in d.needs:
-            s, p = self.slot[self.a.stream[producer]], self.pos[producer]
-            if mine[s] < p:
-                out.append((s, p))
-        return out
-
-    def _covers(self, clk: _Clocks, b: int, unmet: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+    def _covers(self, clk: _Clocks, issued: list[int], b: int, unmet: list[tuple[int, int]]) -> list[tuple[int, ...]]:
         """Every set of source streams whose current clocks together cover ``unmet``, each
         member covering something (a wait that delivers nothing needed is never added)."""
-        useful = [x for x in range(len(self.streams)) if x != b and any(clk.vc[x][s] >= p for s, p in unmet)]
+        know = clk.know
+        useful = [x for x in range(len(self.streams)) if x != b and any(know(issued, x, s) >= p for s, p in unmet)]
+        if len(useful) == 1:
+            return [tuple(useful)] if all(know(issued, useful[0], s) >= p for s, p in unmet) else []
         out = []
         for size in range(1, len(useful) + 1):
             for combo in itertools.combinations(useful, size):
-                if all(max(clk.vc[x][s] for x in combo) >= p for s, p in unmet):
+                if all(max(know(issued, x, s) for x in combo) >= p for s, p in unmet):
                     out.append(combo)
         return out
+
+    def _demand(self, stream: int, needs, before: Node, on_gate) -> _Demand:
+        slots = [(self.slot[self.a.stream[n]], self.pos[n]) for n, _ in needs]
+        return _Demand(self.slot[stream], needs, before, on_gate, slots)
 
     def _events(self, reqs, values: list[CrossStreamValue]):
         """The walk: ("issue", node) and ("demand", _Demand) in issue order."""
@@ -215,8 +283,8 @@ class _Planner:
             if node.op == "output":
                 needs = by_consumer.get(node)
                 if needs:
-                    yield "demand", _Demand(
-                        self.slot[self.a.stream[node]], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
+                    yield "demand", self._demand(
+                        self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
                     )
                 for cv in values:
                     if cv.value in held:
@@ -224,14 +292,14 @@ class _Planner:
                     # The value's stream waits for every reader before the value may be freed;
                     # the value rides on that wait, so it stays alive until the wait is issued.
                     readers = [(r, None) for rs in cv.readers.values() for r in rs]
-                    yield "demand", _Demand(
-                        self.slot[cv.stream], readers, node, lambda g, _v, v=cv.value: plan.keepalive[g].append(v)
+                    yield "demand", self._demand(
+                        cv.stream, readers, node, lambda g, _v, v=cv.value: plan.keepalive[g].append(v)
                     )
                 return
             needs = by_consumer.get(node)
             if needs:
-                yield "demand", _Demand(
-                    self.slot[self.a.stream[node]], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
+                yield "demand", self._demand(
+                    self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
                 )
             yield "issue", node
 
@@ -261,27 +329,40 @@ class _Planner:
         # A state's cost is (waits, relays): among plans with equally few waits, prefer those
         # that wait on the producer's own stream over a stream that merely knows about it
         # (a relay also makes the waiter wait for the relaying stream's unrelated work).
+        issued = [0] * len(self.streams)
+        counts = [0] * len(self.streams)
+        for n in self.a.nodes:
+            counts[self.slot[self.a.stream[n]]] += 1
+        demands = [item for kind, item in events if kind == "demand"]
+        still = _StillNeeded(counts, demands)
+        k = 0
         frontier: list[tuple[tuple[int, int], _Clocks, tuple]] = [((0, 0), self._fresh(), ())]
         for kind, item in events:
             if kind == "issue":
-                for _, clk, _ in frontier:
-                    self._issue(clk, item)
+                issued[self.slot[self.a.stream[item]]] += 1
+                call = self.a.syncs.get(item)
+                if call is not None:
+                    for _, clk, _ in frontier:
+                        self._sync(clk, issued, item, call)
                 continue
             grown = []
+            b = item.stream
             for cost, clk, hist in frontier:
-                unmet = self._unmet(clk, item)
+                unmet = self._unmet(clk, issued, item)
                 if not unmet:
                     grown.append((cost, clk, (hist, ())))
                     continue
                 direct = {s for s, _ in unmet}
-                options = self._covers(clk, item.stream, unmet)
+                options = self._covers(clk, issued, b, unmet)
                 for combo in options:
                     nxt = clk.copy() if len(options) > 1 else clk
                     for x in combo:
-                        nxt.vc[item.stream] = [max(u, v) for u, v in zip(nxt.vc[item.stream], nxt.vc[x])]
+                        nxt.join(b, clk.row(issued, x))
                     relays = sum(1 for x in combo if x not in direct)
                     grown.append(((cost[0] + len(combo), cost[1] + relays), nxt, (hist, combo)))
-            frontier = self._prune(grown)
+            still.done(k)
+            k += 1
+            frontier = self._prune(grown, still)
         best = min(frontier, key=lambda t: t[0])[2]
         choices = []
         while best:
@@ -289,12 +370,19 @@ class _Planner:
             choices.append(combo)
         return choices[::-1]
 
-    def _prune(self, states: list) -> list:
+    def _prune(self, states: list, still: _StillNeeded) -> list:
         if len(states) == 1:
             return states
-        states.sort(key=lambda t: (t[0], -sum(map(sum, t[1].vc))))
+        states.sort(key=lambda t: (t[0], -t[1].total()))
+        seen = set()
+        unique = []
+        for st in states:  # equal relevant knowledge: keep the cheapest
+            key = still.canon(st[1])
+            if key not in seen:
+                seen.add(key)
+                unique.append(st)
         kept: list = []
-        for st in states:
+        for st in unique:
             if not any(k[0][0] <= st[0][0] and k[0][1] <= st[0][1] and k[1].dominates(st[1]) for k in kept):
                 kept.append(st)
         if len(kept) > FRONTIER_LIMIT:
@@ -342,22 +430,25 @@ class _Planner:
             rely(inner, s, p)
 
         in_gap: dict[tuple[int, int], int] = defaultdict(int)  # waits already between two nodes
+        issued = [0] * n
         picks = iter(choices)
         for kind, item in events:
             if kind == "issue":
                 b = self.slot[self.a.stream[item]]
-                self._issue(clk, item, gained)
+                issued[b] += 1
                 p = self.pos[item]
                 self.item_at[b][p] = item
                 self.gate_pos[item] = p
                 call = self.a.syncs.get(item)
-                if call is not None and call.target is ops.RECORD_EVENT and record_count[call.args[0]] == 1:
-                    self.existing_records[b].append((p, item, call.args[0]))
+                if call is not None:
+                    self._sync(clk, issued, item, call, gained)
+                    if call.target is ops.RECORD_EVENT and record_count[call.args[0]] == 1:
+                        self.existing_records[b].append((p, item, call.args[0]))
                 continue
             b = item.stream
             combo = next(picks)
-            if self._unmet(clk, item):
-                base = clk.vc[b][b]
+            if self._unmet(clk, issued, item):
+                base = issued[b]
                 for x in combo:
                     in_gap[b, base] += 1
                     w = PlannedWait(
@@ -366,14 +457,13 @@ class _Planner:
                         before=item.before,
                         # strictly between nodes base and base + 1 of the stream, in walk order
                         position=base + in_gap[b, base] / (len(self.streams) * (len(self.a.nodes) + 2)),
-                        available=clk.vc[x][x],
+                        available=issued[x],
                     )
                     self.item_at[b][w.position] = w
                     self.gate_pos[w] = w.position
                     self.plan.waits.append(w)
-                    self._join(clk, b, list(clk.vc[x]), w, gained)
-            for producer, value in item.needs:
-                s, p = self.slot[self.a.stream[producer]], self.pos[producer]
+                    clk.join(b, clk.row(issued, x), w, gained)
+            for (s, p), (_, value) in zip(item.slots, item.needs):
                 gate = covering_gate(b, s, p)
                 rely(gate, s, p)
                 item.on_gate(gate, value)
