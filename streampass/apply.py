@@ -17,6 +17,7 @@ annotations: a stream switch has no data dependencies and would not survive reor
 
 from __future__ import annotations
 
+import itertools
 import operator
 
 import torch
@@ -25,7 +26,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from . import ops
 from .annotate import AMBIENT
-from .plan import PlannedWait, SyncPlan
+from .plan import SyncPlan
 
 Node = torch.fx.Node
 WRAPPABLE = frozenset({ops.RECORD_EVENT, ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
@@ -71,15 +72,16 @@ class _Editor:
 
     # -- 1. insert the new plain sync nodes -------------------------------------------------
     def insert(self) -> None:
-        def at_entry(r):
-            return r.anchor is None or (not isinstance(r.anchor, PlannedWait) and r.anchor.op in ("placeholder", "get_attr"))
+        # Records at entry (their anchor is an input) go after the leading inputs, and first,
+        # so that waits inserted before the first real node follow them.
+        leading = list(itertools.takewhile(lambda n: n.op in ("placeholder", "get_attr"), self.graph.nodes))
 
-        # Records at entry go in first, so waits inserted before the first real node follow them.
-        inputs = [n for n in self.graph.nodes if n.op in ("placeholder", "get_attr")]
+        def at_entry(r):
+            return r.anchor is None or r.anchor.op in ("placeholder", "get_attr")
+
         for r in self.plan.records:
             if at_entry(r):
-                ctx = self.graph.inserting_after(inputs[-1]) if inputs else self.graph.inserting_before(None)
-                with ctx:
+                with self.graph.inserting_after(leading[-1]) if leading else self.graph.inserting_before(None):
                     r.node = self._new_sync(self.graph.call_function(ops.RECORD_EVENT, (r.event, r.stream)), r.stream)
         for w in self.plan.waits:
             with self.graph.inserting_before(w.before):
@@ -87,8 +89,7 @@ class _Editor:
             self.gate_node[w] = self._new_sync(node, w.stream)
         for r in self.plan.records:
             if not at_entry(r):
-                anchor = self.gate_node[r.anchor] if isinstance(r.anchor, PlannedWait) else r.anchor
-                with self.graph.inserting_after(anchor):
+                with self.graph.inserting_after(r.anchor):
                     r.node = self._new_sync(self.graph.call_function(ops.RECORD_EVENT, (r.event, r.stream)), r.stream)
 
     def _new_sync(self, node: Node, s: int) -> Node:

@@ -4,20 +4,21 @@ The planner walks the graph in issue order with one vector clock per stream (as
 :mod:`streampass.dag` does), honouring the syncs the graph already has. A *demand* is a
 point with ordering requirements (:mod:`streampass.hazards`) that happens-before does not
 yet imply: a node reading another stream's value, the output (exit), or the free point of
-a value read on another stream (dealloc). At a demand the plan adds waits right there, each
-for a source stream's whole progress so far, on a set of source streams that together cover
-every unmet requirement. Knowledge travels transitively: a wait on stream b for stream a
-also brings what a already knew, so later demands often need nothing.
+a value read on another stream (dealloc).
 
-Which set of sources to wait on is a real choice once three or more streams are involved
-(two single-wait covers can leave different knowledge behind), so the choices are
-searched: a Pareto frontier of (waits so far, clocks) states, pruned by dominance. The
-result is the fewest waits among plans whose every wait sits at a demand and delivers
-something that demand needs (docs/plan.md has the argument); ``SyncPlan.exact`` says
-whether the frontier stayed within its bound (it does on all but pathological graphs).
+At a demand the plan adds waits right there, one per chosen *producer* stream, each for
+exactly the newest node of that stream the demand needs: the record goes right after that
+node (the freshest useful point), so the waiting stream never waits for work it does not
+need, and one record serves every wait that needs the same point. What the producer knew
+at that point comes along (happens-before is transitive), so a wait on one producer often
+covers another producer's needs too, and later demands often need nothing.
 
-Afterwards each record moves back to the latest source node some consumer relies on, so a
-waiting stream never waits for work it does not need.
+Which producers to wait on is a real choice once three or more streams are involved (two
+covers of the same size leave different knowledge behind), so the choices are searched: a
+Pareto frontier of (waits so far, clocks) states, with knowledge no later demand can test
+rounded away so equal states merge. The result is the fewest waits for the given node
+order among plans made of such waits (docs/plan.md has the argument); ``SyncPlan.exact``
+says whether the frontier stayed within its bound.
 """
 
 from __future__ import annotations
@@ -45,16 +46,14 @@ FRONTIER_LIMIT = 24
 class PlannedWait:
     """Insert ``wait_event(record.event, stream)`` right before ``before``.
 
-    ``required`` is the position on ``source`` that consumers rely on (the record goes right
-    after it); ``available`` is how far ``source`` had got when the wait is issued.
+    The stream waits for ``source`` up to its node at position ``point`` (the record sits
+    right after that node, or is an existing record with no work of ``source`` between).
     """
 
     stream: int
     source: int
     before: Node
-    position: float  # where the wait sits in ``stream``'s issue order, between two nodes
-    available: int
-    required: float = 0
+    point: int
     record: PlannedRecord | None = None
     used: bool = False
 
@@ -69,7 +68,7 @@ class PlannedRecord:
 
     stream: int
     event: int
-    anchor: Node | PlannedWait | None
+    anchor: Node | None
     existing: Node | None = None  # an existing record of the graph, reused
     node: Node | None = None  # the node apply() created
 
@@ -114,23 +113,31 @@ def first_free_event(a: StreamAssignment) -> int:
 
 
 class _Clocks:
-    """What each stream knows of every other stream, and the clocks existing records captured.
+    """What each stream knows of every other stream, when, and what existing records captured.
 
-    ``k[b * n + s]`` is how many nodes of stream ``s`` stream ``b`` knows to be complete.
-    A stream's knowledge of itself is how many of its nodes have been issued, the same in
-    every state of the search, so it lives outside (``issued``) and the diagonal is unused:
-    issuing a compute node then costs nothing per state.
+    ``k[b * n + s]`` is how many nodes of stream ``s`` stream ``b`` knows to be complete. A
+    stream's knowledge of itself is how many of its nodes were issued, the same in every
+    state of the search, so it lives outside (``issued``) and the diagonal is unused.
+    ``hpos[b]``/``hrow[b]`` keep b's row each time it changed, so the row b had when its
+    node ``p`` was issued (what a record right after ``p`` captures) can be looked up.
     """
 
-    __slots__ = ("k", "n", "events")
+    __slots__ = ("k", "n", "events", "hpos", "hrow")
 
-    def __init__(self, n: int, k: list[int] | None = None, events: dict[int, list[int]] | None = None):
+    def __init__(self, n: int):
         self.n = n
-        self.k = k if k is not None else [0] * (n * n)
-        self.events = events if events is not None else {}
+        self.k = [0] * (n * n)
+        self.events: dict[int, list[int]] = {}
+        self.hpos = [[0] for _ in range(n)]
+        self.hrow = [[(0,) * n] for _ in range(n)]
 
     def copy(self) -> _Clocks:
-        return _Clocks(self.n, list(self.k), {e: list(c) for e, c in self.events.items()})
+        c = _Clocks.__new__(_Clocks)
+        c.n, c.k = self.n, list(self.k)
+        c.events = {e: list(v) for e, v in self.events.items()}
+        c.hpos = [list(h) for h in self.hpos]
+        c.hrow = [list(h) for h in self.hrow]
+        return c
 
     def know(self, issued: list[int], b: int, s: int) -> int:
         return issued[s] if s == b else self.k[b * self.n + s]
@@ -140,17 +147,44 @@ class _Clocks:
         r[b] = issued[b]
         return r
 
-    def join(self, b: int, src: list[int], gate=None, gained=None) -> None:
-        k, base = self.k, b * self.n
+    def snap(self, a: int, p: int) -> list[int]:
+        """Stream a's row when its p-th node was issued (p itself included)."""
+        h = self.hpos[a]
+        r = list(self.hrow[a][bisect.bisect_left(h, p) - 1])
+        r[a] = p
+        return r
+
+    def join(self, issued: list[int], b: int, src: list[int], gate=None, gained=None) -> None:
+        k, base, changed = self.k, b * self.n, False
         for i, v in enumerate(src):
             if i != b and v > k[base + i]:
                 k[base + i] = v
+                changed = True
                 if gained is not None:
                     gained(b, i, v, gate)
+        if changed:
+            row = tuple(k[base : base + self.n])
+            if self.hpos[b][-1] == issued[b]:
+                self.hrow[b][-1] = row
+            else:
+                self.hpos[b].append(issued[b])
+                self.hrow[b].append(row)
 
-    def dominates(self, other: _Clocks) -> bool:
-        return all(map(operator.ge, self.k, other.k)) and all(
-            e in self.events and all(map(operator.ge, self.events[e], c)) for e, c in other.events.items()
+    def dominates(self, other: _Clocks, shared: list[int]) -> bool:
+        """At least as much knowledge now and at every past point. Histories agree on their
+        first ``shared[b]`` entries (every state descends from one state that had them)."""
+        if any(h[i:] != o[i:] for h, o, i in zip(self.hpos, other.hpos, shared)):
+            return False  # knowledge changed at different points: not comparable
+        return (
+            all(map(operator.ge, self.k, other.k))
+            and all(
+                all(map(operator.ge, x, y))
+                for hs, ho, i in zip(self.hrow, other.hrow, shared)
+                for x, y in zip(hs[i:], ho[i:])
+            )
+            and all(
+                e in self.events and all(map(operator.ge, self.events[e], c)) for e, c in other.events.items()
+            )
         )
 
     def total(self) -> int:
@@ -196,7 +230,7 @@ class _StillNeeded:
         for s, p in self.retire.pop(k, ()):
             self.parent[s][p] = p - 1
 
-    def canon(self, clk: _Clocks) -> tuple:
+    def canon(self, clk: _Clocks, shared: list[int]) -> tuple:
         n = clk.n
         k = clk.k
         for i in range(n * n):
@@ -207,7 +241,12 @@ class _StillNeeded:
             for s, v in enumerate(c):
                 if v:
                     c[s] = self.find(s, v)
-        return (tuple(k), tuple(sorted((e, tuple(c)) for e, c in clk.events.items())))
+        rows = tuple(
+            tuple(tuple(self.find(s, v) if v else 0 for s, v in enumerate(r)) for r in h[i:])
+            for h, i in zip(clk.hrow, shared)
+        )
+        hpos = tuple(tuple(h[i:]) for h, i in zip(clk.hpos, shared))
+        return (tuple(k), rows, hpos, tuple(sorted((e, tuple(c)) for e, c in clk.events.items())))
 
 
 @dataclass
@@ -244,9 +283,9 @@ class _Planner:
         elif call.target is ops.WAIT_EVENT:
             src = clk.events.get(call.args[0])
             if src is not None:
-                clk.join(b, src, node, gained)
+                clk.join(issued, b, src, node, gained)
         elif call.target is ops.WAIT_STREAM:
-            clk.join(b, clk.row(issued, self.slot[call.args[1]]), node, gained)
+            clk.join(issued, b, clk.row(issued, self.slot[call.args[1]]), node, gained)
         # synchronize_* and sync_dealloc are honoured by verify, but the planner does not rely
         # on them: they cannot carry the data dependencies that keep the order under reordering.
 
@@ -254,18 +293,25 @@ class _Planner:
         b = d.stream
         return [(s, p) for s, p in d.slots if clk.know(issued, b, s) < p]
 
-    def _covers(self, clk: _Clocks, issued: list[int], b: int, unmet: list[tuple[int, int]]) -> list[tuple[int, ...]]:
-        """Every set of source streams whose current clocks together cover ``unmet``, each
-        member covering something (a wait that delivers nothing needed is never added)."""
-        know = clk.know
-        useful = [x for x in range(len(self.streams)) if x != b and any(know(issued, x, s) >= p for s, p in unmet)]
-        if len(useful) == 1:
-            return [tuple(useful)] if all(know(issued, useful[0], s) >= p for s, p in unmet) else []
+    def _record_point(self, a: int, p: int) -> int:
+        """Where a wait for stream a's node p records: an existing record of a that follows p
+        with no work of a in between (reused), else right after p."""
+        return self.reusable.get((a, p), p)
+
+    def _options(self, clk: _Clocks, unmet: list[tuple[int, int]]) -> list[tuple[tuple[int, ...], list[int]]]:
+        """Every set of producer streams whose records at the needed points cover ``unmet``,
+        with the knowledge it brings."""
+        newest: dict[int, int] = {}
+        for s, p in unmet:
+            newest[s] = max(newest.get(s, 0), p)
+        snaps = {a: clk.snap(a, self._record_point(a, p)) for a, p in newest.items()}
+        producers = sorted(newest)
         out = []
-        for size in range(1, len(useful) + 1):
-            for combo in itertools.combinations(useful, size):
-                if all(max(know(issued, x, s) for x in combo) >= p for s, p in unmet):
-                    out.append(combo)
+        for size in range(1, len(producers) + 1):
+            for combo in itertools.combinations(producers, size):
+                joined = [max(col) for col in zip(*(snaps[a] for a in combo))]
+                if all(joined[s] >= p for s, p in unmet):
+                    out.append((combo, joined))
         return out
 
     def _demand(self, stream: int, needs, before: Node, on_gate) -> _Demand:
@@ -326,17 +372,14 @@ class _Planner:
 
     # -- 1. search: which sources each demand waits on ---------------------------------------
     def _search(self, events: list) -> list[tuple[int, ...]]:
-        # A state's cost is (waits, relays): among plans with equally few waits, prefer those
-        # that wait on the producer's own stream over a stream that merely knows about it
-        # (a relay also makes the waiter wait for the relaying stream's unrelated work).
         issued = [0] * len(self.streams)
         counts = [0] * len(self.streams)
         for n in self.a.nodes:
             counts[self.slot[self.a.stream[n]]] += 1
-        demands = [item for kind, item in events if kind == "demand"]
-        still = _StillNeeded(counts, demands)
+        still = _StillNeeded(counts, [item for kind, item in events if kind == "demand"])
         k = 0
-        frontier: list[tuple[tuple[int, int], _Clocks, tuple]] = [((0, 0), self._fresh(), ())]
+        frontier: list[tuple[int, _Clocks, tuple]] = [(0, self._fresh(), ())]
+        self._shared = [1] * len(self.streams)  # history entries all states have in common
         for kind, item in events:
             if kind == "issue":
                 issued[self.slot[self.a.stream[item]]] += 1
@@ -352,17 +395,16 @@ class _Planner:
                 if not unmet:
                     grown.append((cost, clk, (hist, ())))
                     continue
-                direct = {s for s, _ in unmet}
-                options = self._covers(clk, issued, b, unmet)
-                for combo in options:
+                options = self._options(clk, unmet)
+                for combo, joined in options:
                     nxt = clk.copy() if len(options) > 1 else clk
-                    for x in combo:
-                        nxt.join(b, clk.row(issued, x))
-                    relays = sum(1 for x in combo if x not in direct)
-                    grown.append(((cost[0] + len(combo), cost[1] + relays), nxt, (hist, combo)))
+                    nxt.join(issued, b, joined)
+                    grown.append((cost + len(combo), nxt, (hist, combo)))
             still.done(k)
             k += 1
             frontier = self._prune(grown, still)
+            if len(frontier) == 1:
+                self._shared = [len(h) for h in frontier[0][1].hpos]
         best = min(frontier, key=lambda t: t[0])[2]
         choices = []
         while best:
@@ -377,13 +419,13 @@ class _Planner:
         seen = set()
         unique = []
         for st in states:  # equal relevant knowledge: keep the cheapest
-            key = still.canon(st[1])
+            key = still.canon(st[1], self._shared)
             if key not in seen:
                 seen.add(key)
                 unique.append(st)
         kept: list = []
         for st in unique:
-            if not any(k[0][0] <= st[0][0] and k[0][1] <= st[0][1] and k[1].dominates(st[1]) for k in kept):
+            if not any(k[0] <= st[0] and k[1].dominates(st[1], self._shared) for k in kept):
                 kept.append(st)
         if len(kept) > FRONTIER_LIMIT:
             self.plan.exact = False
@@ -396,106 +438,89 @@ class _Planner:
         clk = self._fresh()
         cover_t = [[[] for _ in range(n)] for _ in range(n)]  # thresholds, increasing
         cover_g = [[[] for _ in range(n)] for _ in range(n)]  # the gate that raised it
-        self.gate_pos: dict = {}
-        self.item_at: list[dict[float, object]] = [{} for _ in range(n)]
-        self.existing_records: list[list[tuple[int, Node, int]]] = [[] for _ in range(n)]
-        record_count: dict[int, int] = defaultdict(int)
-        for call in self.a.syncs.values():
-            if call.target is ops.RECORD_EVENT:
-                record_count[call.args[0]] += 1
 
         def gained(b, i, v, gate):
             cover_t[b][i].append(v)
             cover_g[b][i].append(gate)
 
         def covering_gate(b, s, p):
-            return cover_g[b][s][bisect.bisect_left(cover_t[b][s], p)]
+            gate = cover_g[b][s][bisect.bisect_left(cover_t[b][s], p)]
+            if isinstance(gate, PlannedWait):
+                gate.used = True
+            return gate
 
-        relied: dict = {}
-
-        def rely(gate, s, p):
-            if not isinstance(gate, PlannedWait):
-                return  # an existing sync: its record is where it is
-            key = (id(gate), s)
-            if relied.get(key, -1) >= p:
-                return
-            relied[key] = p
-            gate.used = True
-            x = self.slot[gate.source]
-            if x == s:
-                gate.required = max(gate.required, p)
-                return
-            inner = covering_gate(x, s, p)  # how the source knew: it must record after that
-            gate.required = max(gate.required, self.gate_pos[inner])
-            rely(inner, s, p)
-
-        in_gap: dict[tuple[int, int], int] = defaultdict(int)  # waits already between two nodes
         issued = [0] * n
         picks = iter(choices)
         for kind, item in events:
             if kind == "issue":
-                b = self.slot[self.a.stream[item]]
-                issued[b] += 1
-                p = self.pos[item]
-                self.item_at[b][p] = item
-                self.gate_pos[item] = p
+                issued[self.slot[self.a.stream[item]]] += 1
                 call = self.a.syncs.get(item)
                 if call is not None:
                     self._sync(clk, issued, item, call, gained)
-                    if call.target is ops.RECORD_EVENT and record_count[call.args[0]] == 1:
-                        self.existing_records[b].append((p, item, call.args[0]))
                 continue
             b = item.stream
             combo = next(picks)
-            if self._unmet(clk, issued, item):
-                base = issued[b]
-                for x in combo:
-                    in_gap[b, base] += 1
-                    w = PlannedWait(
-                        stream=self.streams[b],
-                        source=self.streams[x],
-                        before=item.before,
-                        # strictly between nodes base and base + 1 of the stream, in walk order
-                        position=base + in_gap[b, base] / (len(self.streams) * (len(self.a.nodes) + 2)),
-                        available=issued[x],
-                    )
-                    self.item_at[b][w.position] = w
-                    self.gate_pos[w] = w.position
-                    self.plan.waits.append(w)
-                    clk.join(b, clk.row(issued, x), w, gained)
+            unmet = self._unmet(clk, issued, item)
+            newest: dict[int, int] = {}
+            for s, p in unmet:
+                newest[s] = max(newest.get(s, 0), p)
+            waits = []
+            for a in combo:
+                point = self._record_point(a, newest[a])
+                w = PlannedWait(self.streams[b], self.streams[a], item.before, point)
+                waits.append((w, clk.snap(a, point)))
+            for w, snap in waits:  # all snapshots taken before any join: the waits are independent
+                self.plan.waits.append(w)
+                clk.join(issued, b, snap, w, gained)
             for (s, p), (_, value) in zip(item.slots, item.needs):
-                gate = covering_gate(b, s, p)
-                rely(gate, s, p)
-                item.on_gate(gate, value)
+                item.on_gate(covering_gate(b, s, p), value)
 
     def run(self) -> SyncPlan:
         reqs, values = requirements(self.a)
+        self._find_reusable_records()
         events = list(self._events(reqs, values if self.dealloc else []))
         choices = self._search(events)
         self._walk(events, choices)
         self._place_records()
         return self.plan
 
+    def _find_reusable_records(self) -> None:
+        """(stream, p) -> position of an existing record right after node p (only syncs between)."""
+        self.reusable: dict[tuple[int, int], int] = {}
+        self.record_at: dict[tuple[int, int], tuple[Node, int]] = {}
+        self.node_at: dict[tuple[int, int], Node] = {}
+        count: dict[int, int] = defaultdict(int)
+        recorded: dict[int, int] = defaultdict(int)
+        for call in self.a.syncs.values():
+            if call.target is ops.RECORD_EVENT:
+                recorded[call.args[0]] += 1
+        last_work: dict[int, int] = {}
+        for node in self.a.nodes:
+            s = self.slot[self.a.stream[node]]
+            count[s] += 1
+            p = count[s]
+            self.node_at[s, p] = node
+            call = self.a.syncs.get(node)
+            if call is None:
+                last_work[s] = p
+            elif call.target is ops.RECORD_EVENT and recorded[call.args[0]] == 1 and s in last_work:
+                self.reusable.setdefault((s, last_work[s]), p)
+                self.record_at[s, p] = (node, call.args[0])
+
     def _place_records(self) -> None:
         plan = self.plan
         plan.waits = [w for w in plan.waits if w.used]
-        shared: dict[tuple[int, float], PlannedRecord] = {}
+        shared: dict[tuple[int, int], PlannedRecord] = {}
         for w in plan.waits:
-            x = self.slot[w.source]
-            reuse = [
-                (p, n, ev)
-                for p, n, ev in self.existing_records[x]
-                if w.required <= p <= w.available and self.a.position[n] < self.a.position[w.before]
-            ]
-            if reuse:
-                p, n, ev = min(reuse, key=lambda t: t[0])
-                w.record = PlannedRecord(w.source, ev, n, existing=n)
-                continue
-            key = (x, w.required)
+            a = self.slot[w.source]
+            key = (a, w.point)
             if key not in shared:
-                anchor = self.item_at[x].get(w.required)
-                shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), anchor)
-                plan.records.append(shared[key])
+                if key in self.record_at:
+                    node, ev = self.record_at[key]
+                    shared[key] = PlannedRecord(w.source, ev, node, existing=node)
+                else:
+                    shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), self.node_at[key])
+                    plan.records.append(shared[key])
             w.record = shared[key]
 
 

@@ -20,6 +20,7 @@ from streampass.synthetic import random_stream_graph
 
 
 def brute_force_min_waits(gm, free_points: bool = True) -> int:
+    """Exhaustive minimum for a graph without syncs of its own."""
     a = sp.read_streams(gm)
     reqs, values = requirements(a)
     values = values if free_points else []
@@ -31,52 +32,55 @@ def brute_force_min_waits(gm, free_points: bool = True) -> int:
     needs_of = defaultdict(list)
     for r in reqs:
         needs_of[r.after].append(pos[r.before])
-    demands = []  # (index into a.nodes issued before it, stream, needs)
-    for i, n in enumerate(a.nodes):
+    # the walk: ("issue", node) and ("demand", stream, needs), as in the model
+    walk = []
+    for n in a.nodes:
         if n.op == "output":
             if needs_of[n]:
-                demands.append((i, a.stream[n], needs_of[n]))
+                walk.append(("demand", a.stream[n], needs_of[n]))
             for cv in values:
-                demands.append((i, cv.stream, [pos[r] for rs in cv.readers.values() for r in rs]))
+                walk.append(("demand", cv.stream, [pos[r] for rs in cv.readers.values() for r in rs]))
             break
         if needs_of[n]:
-            demands.append((i, a.stream[n], needs_of[n]))
-
-    def clocks_at(i, base):
-        # base: dict stream -> dict stream -> int; advance own positions to "i nodes issued"
-        out = {s: dict(base[s]) for s in streams}
-        for s in streams:
-            out[s][s] = max(out[s][s], sum(1 for n in a.nodes[:i] if a.stream[n] == s))
-        return out
+            walk.append(("demand", a.stream[n], needs_of[n]))
+        walk.append(("issue", n))
 
     best = [float("inf")]
 
-    def search(k, clocks, cost):
+    def search(i, rows, snaps, cost):
+        # rows[s][t]: what stream s knows of t; snaps[(s, p)]: s's row when its node p was issued
         if cost >= best[0]:
             return
-        if k == len(demands):
+        if i == len(walk):
             best[0] = cost
             return
-        i, b, needs = demands[k]
-        clocks = clocks_at(i, clocks)
-        unmet = [(s, p) for s, p in needs if clocks[b][s] < p]
-        if not unmet:
-            search(k + 1, clocks, cost)
+        step = walk[i]
+        if step[0] == "issue":
+            s, p = pos[step[1]]
+            rows = {t: dict(r) for t, r in rows.items()}
+            rows[s][s] = p
+            search(i + 1, rows, {**snaps, (s, p): dict(rows[s])}, cost)
             return
-        others = [x for x in streams if x != b]
-        for size in range(1, len(others) + 1):
-            for combo in itertools.combinations(others, size):
-                if not all(any(clocks[x][s] >= p for s, p in unmet) for x in combo):
-                    continue  # a member that delivers nothing this demand needs
-                if not all(max(clocks[x][s] for x in combo) >= p for s, p in unmet):
-                    continue
-                nxt = {s: dict(clocks[s]) for s in streams}
+        _, b, needs = step
+        unmet = [(s, p) for s, p in needs if rows[b][s] < p]
+        if not unmet:
+            search(i + 1, rows, snaps, cost)
+            return
+        newest = {}
+        for s, p in unmet:
+            newest[s] = max(newest.get(s, 0), p)
+        producers = sorted(newest)
+        for size in range(1, len(producers) + 1):
+            for combo in itertools.combinations(producers, size):
+                known = dict(rows[b])
                 for x in combo:
-                    for s in streams:
-                        nxt[b][s] = max(nxt[b][s], clocks[x][s])
-                search(k + 1, nxt, cost + size)
+                    for t, v in snaps[(x, newest[x])].items():
+                        known[t] = max(known[t], v)
+                if all(known[s] >= p for s, p in unmet):
+                    search(i + 1, {**rows, b: known}, snaps, cost + size)
 
-    search(0, {s: dict.fromkeys(streams, 0) for s in streams}, 0)
+    zero = {s: dict.fromkeys(streams, 0) for s in streams}
+    search(0, zero, {(s, 0): dict.fromkeys(streams, 0) for s in streams}, 0)
     return best[0]
 
 
@@ -94,17 +98,15 @@ def test_wait_count_equals_exhaustive_minimum(n, streams, seed, inplace):
     assert len(plan.waits) == brute_force_min_waits(gm)
 
 
-def test_three_streams_where_a_greedy_cover_loses(monkeypatch):
-    """Two single-wait covers tie at the ambient read of p; only one avoids a later wait.
+def test_a_wait_never_waits_for_work_its_consumer_does_not_need():
+    """p is made on stream 1; stream 2 makes q from p; the ambient stream reads p, then q.
 
-    p is made on stream 1; stream 2 waits for it to make q; the ambient stream then reads p
-    and later q. Waiting on stream 1 or on stream 2 both cover p, but only stream 2 also
-    covers q: a greedy cover picks stream 1 (the producer's) and pays a fourth wait.
+    Stream 2 knows p once it waited for it, so waiting on stream 2 would cover the ambient
+    read of p with fewer waits in total, but it would also hold that read back until q is
+    done. The plan waits on p's own stream, recorded right after p.
     """
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
-
-    import streampass.plan as plan_module
 
     def f(x):
         with sp.stream(1):
@@ -116,7 +118,7 @@ def test_three_streams_where_a_greedy_cover_loses(monkeypatch):
 
     gm = make_fx(f)(torch.ones(3))
     plan = sp.plan_syncs(sp.read_streams(gm), dealloc=False)
-    assert [(w.source, w.stream, w.before.name) for w in plan.waits] == [(0, 1, "sin"), (1, 2, "cos"), (2, 0, "mul")]
-    assert len(plan.waits) == brute_force_min_waits(gm, free_points=False) == 3
-    monkeypatch.setattr(plan_module, "FRONTIER_LIMIT", 1)  # the search degenerates to greedy
-    assert len(sp.plan_syncs(sp.read_streams(gm), dealloc=False).waits) == 4
+    got = [(w.source, w.stream, w.before.name, w.record.anchor.name) for w in plan.waits]
+    assert got == [(0, 1, "sin", "x_1"), (1, 2, "cos", "sin"), (1, 0, "mul", "sin"), (2, 0, "add", "cos")]
+    assert len(plan.waits) == brute_force_min_waits(gm, free_points=False)
+    assert [r.anchor.name for r in plan.records] == ["x_1", "sin", "cos"], "one record per needed point"
