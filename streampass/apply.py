@@ -205,18 +205,13 @@ class _Editor:
                 self.changed = True
             self._reroute(wrapped, ops.passthrough_values(wrapped), rewires)
             return wrapped
-        with self.graph.inserting_before(sync):
-            wrapped = self.graph.call_function(
-                ops.CONTROL_DEPS, (tuple(deps), self._subgraph(call, len(passthrough)), *call.args, *passthrough)
-            )
-        wrapped.meta.update(sync.meta)
-        self.stream[wrapped] = self.stream[sync]
-        self.index[wrapped] = self.index[sync]
-        sync.replace_all_uses_with(wrapped)
-        self.graph.erase_node(sync)
+        # The plain sync node becomes its own wrapper (no new node): same name, place and meta.
+        getter = self._subgraph(call, len(passthrough))
+        sync.target = ops.CONTROL_DEPS
+        sync.args = (tuple(deps), getter, *call.args, *passthrough)
         self.changed = True
-        self._reroute(wrapped, passthrough, rewires)
-        return wrapped
+        self._reroute(sync, passthrough, rewires)
+        return sync
 
     def _subgraph(self, call: ops.SyncCall, n_pass: int) -> Node:
         """The get_attr node of the shared subgraph ``(*int_args, *passthrough) -> (op(...), *passthrough)``.

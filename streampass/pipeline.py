@@ -11,6 +11,7 @@ from . import runtime
 from .apply import apply_plan
 from .dag import StreamDAG
 from .errors import StreamPassError
+from .hazards import requirements
 from .plan import SyncPlan, plan_syncs
 from .reading import read_streams
 from .verify import Report, find_hazards
@@ -76,8 +77,9 @@ def run(
     external_events = tuple(external_events)
     assignment = read_streams(gm, external_events)
     dag = StreamDAG(assignment)
-    before = Report(find_hazards(dag), dag.streams)
-    plan = plan_syncs(assignment)
+    reqs = requirements(assignment)
+    before = Report(find_hazards(dag, reqs), dag.streams)
+    plan = plan_syncs(assignment, reqs=reqs)
 
     saved = torch.fx.Graph(owning_module=gm)
     out = saved.graph_copy(gm.graph, {})

@@ -475,8 +475,8 @@ class _Planner:
             for (s, p), (_, value) in zip(item.slots, item.needs):
                 item.on_gate(covering_gate(b, s, p), value)
 
-    def run(self) -> SyncPlan:
-        reqs, values = requirements(self.a)
+    def run(self, reqs=None) -> SyncPlan:
+        reqs, values = reqs if reqs is not None else requirements(self.a)
         self._find_reusable_records()
         events = list(self._events(reqs, values if self.dealloc else []))
         choices = self._search(events)
@@ -524,11 +524,12 @@ class _Planner:
             w.record = shared[key]
 
 
-def plan_syncs(a: StreamAssignment, dealloc: bool = True) -> SyncPlan:
+def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan:
     """The records and waits that make the graph read into ``a`` race-free; edits nothing.
 
     ``dealloc=False`` leaves out the free points (the waits that defer frees of values read
-    on other streams), to count the ordering waits alone.
+    on other streams), to count the ordering waits alone. ``reqs``: the graph's
+    :func:`~streampass.hazards.requirements`, if already computed.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -540,4 +541,4 @@ def plan_syncs(a: StreamAssignment, dealloc: bool = True) -> SyncPlan:
     >>> [(w.source, w.stream, w.before.name) for w in plan.waits], plan.exact
     ([(0, 1, 'sin'), (1, 0, 'add'), (0, 1, 'output')], True)
     """
-    return _Planner(a, dealloc).run()
+    return _Planner(a, dealloc).run(reqs)

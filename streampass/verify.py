@@ -117,10 +117,14 @@ def dealloc_safe(dag: StreamDAG, cv: CrossStreamValue, keepalive, recorded_strea
     return False
 
 
-def find_hazards(dag: StreamDAG) -> list[Hazard]:
-    """Hazards of an already-built DAG, in graph order of the later node."""
+def find_hazards(dag: StreamDAG, reqs=None) -> list[Hazard]:
+    """Hazards of an already-built DAG, in graph order of the later node.
+
+    ``reqs``: the ``(requirements, values)`` of :func:`streampass.hazards.requirements` for
+    this DAG's assignment, if the caller already has them.
+    """
     a = dag.assignment
-    reqs, values = requirements(a)
+    reqs, values = reqs if reqs is not None else requirements(a)
     found = [_describe(r, dag) for r in reqs if not dag.happens_before(r.before, r.after)]
     keep = keepalive_waits(dag)
     recorded: dict[torch.fx.Node, set[int]] = {}
