@@ -256,6 +256,7 @@ class _Demand:
     before: Node
     on_gate: object  # callable(gate, value)
     slots: list[tuple[int, int]] = field(default_factory=list)  # (stream slot, position) per need
+    at_exit: bool = False  # the output or a free point: nothing runs after it on its stream
 
 
 class _Planner:
@@ -298,17 +299,30 @@ class _Planner:
         with no work of a in between (reused), else right after p."""
         return self.reusable.get((a, p), p)
 
-    def _options(self, clk: _Clocks, unmet: list[tuple[int, int]]) -> list[tuple[tuple[int, ...], list[int]]]:
-        """Every set of producer streams whose records at the needed points cover ``unmet``,
-        with the knowledge it brings."""
+    def _sources(self, clk: _Clocks, issued: list[int], d: _Demand, unmet) -> dict[int, int]:
+        """Candidate streams to wait on, each with the point its record would sit at.
+
+        Within the graph only producers qualify, recorded right after the newest node the
+        demand needs from them: a wait never holds the stream back for anything else. At
+        exit (the output, free points) nothing runs after the wait on that stream, so any
+        stream may be waited on at its last node, carrying whatever it knows by then.
+        """
+        if d.at_exit:
+            return {x: self._record_point(x, issued[x]) for x in range(len(issued)) if x != d.stream and issued[x]}
         newest: dict[int, int] = {}
         for s, p in unmet:
             newest[s] = max(newest.get(s, 0), p)
-        snaps = {a: clk.snap(a, self._record_point(a, p)) for a, p in newest.items()}
-        producers = sorted(newest)
+        return {a: self._record_point(a, p) for a, p in newest.items()}
+
+    def _options(self, clk: _Clocks, issued: list[int], d: _Demand, unmet) -> list[tuple[tuple[int, ...], list[int]]]:
+        """Every set of candidate streams whose records together cover ``unmet`` (each member
+        covering something), with the knowledge the set brings."""
+        points = self._sources(clk, issued, d, unmet)
+        snaps = {a: clk.snap(a, p) for a, p in points.items()}
+        useful = sorted(a for a, r in snaps.items() if any(r[s] >= p for s, p in unmet))
         out = []
-        for size in range(1, len(producers) + 1):
-            for combo in itertools.combinations(producers, size):
+        for size in range(1, len(useful) + 1):
+            for combo in itertools.combinations(useful, size):
                 joined = [max(col) for col in zip(*(snaps[a] for a in combo))]
                 if all(joined[s] >= p for s, p in unmet):
                     out.append((combo, joined))
@@ -316,7 +330,7 @@ class _Planner:
 
     def _demand(self, stream: int, needs, before: Node, on_gate) -> _Demand:
         slots = [(self.slot[self.a.stream[n]], self.pos[n]) for n, _ in needs]
-        return _Demand(self.slot[stream], needs, before, on_gate, slots)
+        return _Demand(self.slot[stream], needs, before, on_gate, slots, at_exit=before.op == "output")
 
     def _events(self, reqs, values: list[CrossStreamValue]):
         """The walk: ("issue", node) and ("demand", _Demand) in issue order."""
@@ -395,7 +409,7 @@ class _Planner:
                 if not unmet:
                     grown.append((cost, clk, (hist, ())))
                     continue
-                options = self._options(clk, unmet)
+                options = self._options(clk, issued, item, unmet)
                 for combo, joined in options:
                     nxt = clk.copy() if len(options) > 1 else clk
                     nxt.join(issued, b, joined)
@@ -460,13 +474,10 @@ class _Planner:
                 continue
             b = item.stream
             combo = next(picks)
-            unmet = self._unmet(clk, issued, item)
-            newest: dict[int, int] = {}
-            for s, p in unmet:
-                newest[s] = max(newest.get(s, 0), p)
+            points = self._sources(clk, issued, item, self._unmet(clk, issued, item)) if combo else {}
             waits = []
             for a in combo:
-                point = self._record_point(a, newest[a])
+                point = points[a]
                 w = PlannedWait(self.streams[b], self.streams[a], item.before, point)
                 waits.append((w, clk.snap(a, point)))
             for w, snap in waits:  # all snapshots taken before any join: the waits are independent

@@ -37,12 +37,12 @@ def brute_force_min_waits(gm, free_points: bool = True) -> int:
     for n in a.nodes:
         if n.op == "output":
             if needs_of[n]:
-                walk.append(("demand", a.stream[n], needs_of[n]))
+                walk.append(("demand", a.stream[n], needs_of[n], True))
             for cv in values:
-                walk.append(("demand", cv.stream, [pos[r] for rs in cv.readers.values() for r in rs]))
+                walk.append(("demand", cv.stream, [pos[r] for rs in cv.readers.values() for r in rs], True))
             break
         if needs_of[n]:
-            walk.append(("demand", a.stream[n], needs_of[n]))
+            walk.append(("demand", a.stream[n], needs_of[n], False))
         walk.append(("issue", n))
 
     best = [float("inf")]
@@ -61,20 +61,23 @@ def brute_force_min_waits(gm, free_points: bool = True) -> int:
             rows[s][s] = p
             search(i + 1, rows, {**snaps, (s, p): dict(rows[s])}, cost)
             return
-        _, b, needs = step
+        _, b, needs, at_exit = step
         unmet = [(s, p) for s, p in needs if rows[b][s] < p]
         if not unmet:
             search(i + 1, rows, snaps, cost)
             return
-        newest = {}
-        for s, p in unmet:
-            newest[s] = max(newest.get(s, 0), p)
-        producers = sorted(newest)
-        for size in range(1, len(producers) + 1):
-            for combo in itertools.combinations(producers, size):
+        if at_exit:  # any stream, at its last node
+            points = {x: rows[x][x] for x in streams if x != b and rows[x][x]}
+        else:  # producers, right after the newest node needed from each
+            points = {}
+            for s, p in unmet:
+                points[s] = max(points.get(s, 0), p)
+        useful = [x for x, p in points.items() if any(snaps[(x, p)][s] >= q for s, q in unmet)]
+        for size in range(1, len(useful) + 1):
+            for combo in itertools.combinations(useful, size):
                 known = dict(rows[b])
                 for x in combo:
-                    for t, v in snaps[(x, newest[x])].items():
+                    for t, v in snaps[(x, points[x])].items():
                         known[t] = max(known[t], v)
                 if all(known[s] >= p for s, p in unmet):
                     search(i + 1, {**rows, b: known}, snaps, cost + size)
