@@ -15,6 +15,7 @@ Checked on torch 2.13.0.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -31,9 +32,45 @@ def graph_device_types(gm: torch.fx.GraphModule) -> set[str]:
     return out
 
 
+@functools.cache
+def _guarded_sync_deallocations():
+    from torch._functorch._aot_autograd import graph_capture
+
+    original = graph_capture.sync_deallocations
+
+    def sync_deallocations(gm: torch.fx.GraphModule) -> None:
+        if graph_device_types(gm) <= {"cpu"}:
+            # torch's version estimates kernel times with triton and inserts record_stream,
+            # which CPU has neither of; streampass plans CPU deallocations itself.
+            return None
+        return original(gm)
+
+    sync_deallocations.__wrapped__ = original
+    return graph_capture, original, sync_deallocations
+
+
+_guard_depth = 0
+
+
+def aot_guard_on() -> None:
+    """Install the guard (counted: each call needs one :func:`aot_guard_off`)."""
+    global _guard_depth
+    graph_capture, _, guarded = _guarded_sync_deallocations()
+    _guard_depth += 1
+    graph_capture.sync_deallocations = guarded
+
+
+def aot_guard_off() -> None:
+    global _guard_depth
+    graph_capture, original, _ = _guarded_sync_deallocations()
+    _guard_depth = max(_guard_depth - 1, 0)
+    if _guard_depth == 0:
+        graph_capture.sync_deallocations = original
+
+
 @contextlib.contextmanager
 def cpu_safe_aot() -> Iterator[None]:
-    """Let AOT autograd trace CPU training graphs that carry stream annotations.
+    """Let AOT autograd trace CPU training graphs that carry stream annotations (nests).
 
     >>> import torch, streampass as sp
     >>> from functorch.compile import aot_function, nop
@@ -47,17 +84,8 @@ def cpu_safe_aot() -> Iterator[None]:
     >>> x.grad.shape
     torch.Size([3])
     """
-    from torch._functorch._aot_autograd import graph_capture
-
-    original = graph_capture.sync_deallocations
-
-    def guarded(gm: torch.fx.GraphModule) -> None:
-        if graph_device_types(gm) <= {"cpu"}:
-            return None
-        return original(gm)
-
-    graph_capture.sync_deallocations = guarded
+    aot_guard_on()
     try:
         yield
     finally:
-        graph_capture.sync_deallocations = original
+        aot_guard_off()

@@ -47,6 +47,7 @@ from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
 
 from . import ops
 from .annotate import AMBIENT
+from .compat import aot_guard_on, cpu_safe_aot
 from .dag import StreamDAG
 from .pipeline import RunResult, run
 from .reading import read_streams
@@ -63,7 +64,7 @@ STREAM_KEY = "streampass_stream"  # where CPU graphs keep a node's stream for in
 
 _PASS_MODULES = (
     "inductor.py", "pipeline.py", "reading.py", "plan.py", "apply.py", "verify.py",
-    "hazards.py", "dag.py", "ops.py", "annotate.py", "runtime.py", "errors.py",
+    "hazards.py", "dag.py", "ops.py", "annotate.py", "runtime.py", "errors.py", "compat.py",
 )  # fmt: skip
 
 
@@ -457,7 +458,7 @@ def enable(pass_: StreamPass | None = None) -> StreamPass:
     from torch._inductor import config
 
     config.post_grad_custom_post_pass = with_streampass(config.post_grad_custom_post_pass, pass_)
-    _aot_guard_on()
+    aot_guard_on()
     install_object_fallback()
     return next(p for p in config.post_grad_custom_post_pass if isinstance(p, StreamPass))
 
@@ -477,63 +478,9 @@ def enabled(pass_: StreamPass | None = None) -> Iterator[StreamPass]:
         yield next(p for p in passes if isinstance(p, StreamPass))
 
 
-# --------------------------------------------------------------------------------------------
-# Guard for torch's AOT stream passes on CPU (torch 2.13.0)
-# --------------------------------------------------------------------------------------------
-def _cpu_only(gm: torch.fx.GraphModule) -> bool:
-    return all(t.device.type == "cpu" for n in gm.graph.nodes for t in _tensor_vals(n))
-
-
-@functools.cache
-def _guarded_sync_deallocations():
-    from torch._functorch._aot_autograd import graph_capture
-
-    original = graph_capture.sync_deallocations
-
-    def sync_deallocations(gm: torch.fx.GraphModule) -> None:
-        if _cpu_only(gm):
-            # torch's version estimates kernel times with triton and inserts record_stream,
-            # which CPU has neither of; StreamPass plans CPU deallocations itself.
-            return
-        return original(gm)
-
-    sync_deallocations.__wrapped__ = original
-    return graph_capture, original, sync_deallocations
-
-
-_guard_depth = 0
-
-
-def _aot_guard_on() -> None:
-    global _guard_depth
-    graph_capture, _, guarded = _guarded_sync_deallocations()
-    _guard_depth += 1
-    graph_capture.sync_deallocations = guarded
-
-
-def _aot_guard_off() -> None:
-    global _guard_depth
-    graph_capture, original, _ = _guarded_sync_deallocations()
-    _guard_depth -= 1
-    if _guard_depth <= 0:
-        _guard_depth = 0
-        graph_capture.sync_deallocations = original
-
-
-@contextlib.contextmanager
-def cpu_safe_aot_stream_passes() -> Iterator[None]:
-    """While active, AOT autograd skips ``sync_deallocations`` for CPU-only joint graphs.
-
-    On torch 2.13.0 that pass crashes for CPU training graphs with ``custom.stream``
-    annotations (it imports triton to estimate kernel times). This swaps the module
-    attribute ``torch._functorch._aot_autograd.graph_capture.sync_deallocations`` (no file
-    is edited); GPU graphs still get torch's pass. Nesting is fine.
-    """
-    _aot_guard_on()
-    try:
-        yield
-    finally:
-        _aot_guard_off()
+# The guard for torch's AOT stream passes on CPU lives in streampass.compat; this name is kept
+# because docs and users of the inductor integration reach for it here.
+cpu_safe_aot_stream_passes = cpu_safe_aot
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import streampass as sp
 import streampass.inductor as spi
+from streampass import compat
 from streampass import ops
 
 # --------------------------------------------------------------------------------------------
@@ -388,7 +389,7 @@ def test_aot_guard_skips_cpu_graphs_only_and_restores():
     seen = []
     with mock.patch.object(graph_capture, "sync_deallocations", lambda gm: seen.append(gm)):
         inner = graph_capture.sync_deallocations
-        spi._guarded_sync_deallocations.cache_clear()
+        compat._guarded_sync_deallocations.cache_clear()
         try:
             with spi.cpu_safe_aot_stream_passes():
                 with spi.cpu_safe_aot_stream_passes():
@@ -402,6 +403,6 @@ def test_aot_guard_skips_cpu_graphs_only_and_restores():
                 guarded(meta)
             assert graph_capture.sync_deallocations is inner
         finally:
-            spi._guarded_sync_deallocations.cache_clear()
+            compat._guarded_sync_deallocations.cache_clear()
     assert seen == [meta]
     assert graph_capture.sync_deallocations is original
