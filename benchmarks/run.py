@@ -86,10 +86,16 @@ def added(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 
 def timed(fn, gm) -> float:
+    # Freeze what the benchmark holds (templates, earlier results) so the collector does not
+    # rescan it during the pass: without this, a pass gets slower the more graphs are alive.
     gc.collect()
-    t = time.perf_counter()
-    fn(gm)
-    return time.perf_counter() - t
+    gc.freeze()
+    try:
+        t = time.perf_counter()
+        fn(gm)
+        return time.perf_counter() - t
+    finally:
+        gc.unfreeze()
 
 
 def run_sp(gm):
@@ -115,6 +121,7 @@ def bench_synthetic(sizes, repeats, seed=0, torch_max=None, log=print) -> list[d
         sp_gm = torch_gm = None
         do_torch = torch_max is None or n <= torch_max
         for _ in range(repeats):  # side by side: alternate the two passes
+            sp_gm = torch_gm = None
             g = copy.deepcopy(template)
             sp_times.append(timed(run_sp, g))
             sp_gm = g
@@ -331,7 +338,9 @@ def main(argv=None) -> int:
         args.traces.mkdir(parents=True, exist_ok=True)
     models = bench_blocks(repeats, log=log, trace_dir=args.traces)
     result = {
-        "command": "python benchmarks/run.py" + (" --quick" if args.quick else ""),
+        "command": " ".join(["python benchmarks/run.py", *(["--quick"] if args.quick else []),
+                             *([f"--repeats {args.repeats}"] if args.repeats else []),
+                             *([f"--sizes {' '.join(map(str, args.sizes))}"] if args.sizes else [])]),
         "machine": machine(),
         "synthetic": syn,
         "growth": growth(syn),
