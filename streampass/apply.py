@@ -223,7 +223,7 @@ class _Editor:
         key = (call.target, len(call.args), n_pass)
         getter = self.subgraphs.get(key)
         if getter is None:
-            attr = _free_attr(self.gm, f"streampass_{call.name}_{n_pass}")
+            attr = free_attr(self.gm, f"streampass_{call.name}_{n_pass}")
             self.gm.add_submodule(attr, _sync_subgraph(self.gm, call.target, len(call.args), n_pass))
             where = self.placeholders[-1] if self.placeholders else None
             with self.graph.inserting_after(where) if where is not None else self.graph.inserting_before(None):
@@ -251,7 +251,8 @@ class _Editor:
             self.changed = True
 
 
-def _free_attr(gm: torch.nn.Module, base: str) -> str:
+def free_attr(gm: torch.nn.Module, base: str) -> str:
+    """An attribute name on ``gm`` starting with ``base`` that is not taken yet."""
     name, i = base, 0
     while hasattr(gm, name):
         i += 1

@@ -47,6 +47,7 @@ from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
 
 from . import ops
 from .annotate import AMBIENT
+from .apply import free_attr
 from .compat import aot_guard_on, cpu_safe_aot
 from .dag import StreamDAG
 from .pipeline import RunResult, run
@@ -399,7 +400,7 @@ def lower_for_gpu(gm: torch.fx.GraphModule, first_new_event: int | None = None) 
         sub = ops._subgraph_module(node)
         g = torch.fx.Graph()
         g.output(g.graph_copy(sub.graph, {}))
-        attr = _free_attr(gm, f"streampass_sync_{node.name}")
+        attr = free_attr(gm, f"streampass_sync_{node.name}")
         gm.add_submodule(attr, torch.fx.GraphModule(gm, g, class_name="StreamSync"))
         with graph.inserting_before(node):
             getter = graph.get_attr(attr)
@@ -411,14 +412,6 @@ def lower_for_gpu(gm: torch.fx.GraphModule, first_new_event: int | None = None) 
     _drop_unused_subgraphs(gm)
     graph.lint()
     gm.recompile()
-
-
-def _free_attr(gm: torch.nn.Module, base: str) -> str:
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    return name
 
 
 def _drop_unused_subgraphs(gm: torch.fx.GraphModule) -> None:

@@ -20,7 +20,7 @@ import streampass.inductor as spi
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-from test_inductor import MULTI_STREAM, SCENARIOS  # noqa: E402  (same scenarios as on CPU)
+from test_inductor import MULTI_STREAM, SCENARIOS, compare_with_eager  # noqa: E402  (same scenarios as on CPU)
 
 _streams: dict[int, torch.cuda.Stream] = {}
 
@@ -61,22 +61,7 @@ def _run(name, style, mode, profile=False):
     p = spi.StreamPass(keep_graphs=True)
     with spi.enabled(p):
         cfn = torch.compile(fn, backend="inductor", fullgraph=True)
-        if mode == "inference":
-            with torch.no_grad():
-                xc, xe = x.clone(), x.clone()
-                cfn(xc.clone(), y)  # compile outside the profiled run
-                got = (cfn(xc, y), xc)
-                want = (reference(xe, y), xe)
-        else:
-            xc, xe = x.clone(), x.clone()
-            if name != "inplace":
-                xc.requires_grad_(), xe.requires_grad_()
-            yc, ye = y.clone().requires_grad_(), y.clone().requires_grad_()
-            out_c, out_e = cfn(xc, yc), reference(xe, ye)
-            out_c.sum().backward()
-            out_e.sum().backward()
-            got = (out_c, xc.detach(), yc.grad) + ((xc.grad,) if xc.requires_grad else ())
-            want = (out_e, xe.detach(), ye.grad) + ((xe.grad,) if xe.requires_grad else ())
+        got, want = compare_with_eager(cfn, reference, x, y, mode, inplace=name == "inplace", warmup=True)
         kernel_streams = None
         if profile:
             kernel_streams = _kernel_streams(lambda: cfn(x.clone(), y))

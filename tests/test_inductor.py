@@ -99,6 +99,26 @@ def _inputs(name):
     return torch.randn(8, 8), torch.randn(8, 8)
 
 
+def compare_with_eager(cfn, reference, x, y, mode, inplace, warmup=False):
+    """Run the compiled ``cfn`` and ``reference`` on copies of (x, y): outputs, mutated x, grads."""
+    if mode == "inference":
+        with torch.no_grad():
+            xc, xe = x.clone(), x.clone()
+            if warmup:
+                cfn(xc.clone(), y)  # compile outside whatever the caller measures
+            return (cfn(xc, y), xc), (reference(xe, y), xe)
+    xc, xe = x.clone(), x.clone()
+    if not inplace:
+        xc.requires_grad_(), xe.requires_grad_()
+    yc, ye = y.clone().requires_grad_(), y.clone().requires_grad_()
+    out_c, out_e = cfn(xc, yc), reference(xe, ye)
+    out_c.sum().backward()
+    out_e.sum().backward()
+    got = (out_c, xc.detach(), yc.grad) + ((xc.grad,) if xc.requires_grad else ())
+    want = (out_e, xe.detach(), ye.grad) + ((xe.grad,) if xe.requires_grad else ())
+    return got, want
+
+
 def _compile_and_run(name, style, mode, pass_=None):
     """Compile scenario ``name`` under StreamPass; returns (outputs, eager outputs, pass, run-time syncs)."""
     scenario, ctx = SCENARIOS[name], STYLES[style]
@@ -119,21 +139,7 @@ def _compile_and_run(name, style, mode, pass_=None):
     syncs0 = sum(spi.RUNTIME_SYNCS.values())
     with spi.enabled(pass_):
         cfn = torch.compile(fn, backend="inductor", fullgraph=True)
-        if mode == "inference":
-            with torch.no_grad():
-                xc, xe = x.clone(), x.clone()
-                got = (cfn(xc, y), xc)
-                want = (fn(xe, y), xe)
-        else:
-            xc, xe = x.clone(), x.clone()
-            if name != "inplace":
-                xc.requires_grad_(), xe.requires_grad_()
-            yc, ye = y.clone().requires_grad_(), y.clone().requires_grad_()
-            out_c, out_e = cfn(xc, yc), fn(xe, ye)
-            out_c.sum().backward()
-            out_e.sum().backward()
-            got = (out_c, xc.detach(), yc.grad) + ((xc.grad,) if xc.requires_grad else ())
-            want = (out_e, xe.detach(), ye.grad) + ((xe.grad,) if xe.requires_grad else ())
+        got, want = compare_with_eager(cfn, fn, x, y, mode, inplace=name == "inplace")
     return got, want, pass_, sum(spi.RUNTIME_SYNCS.values()) - syncs0
 
 
