@@ -191,6 +191,11 @@ class _Clocks:
         return sum(self.k)
 
 
+def _does_no_work(node: Node) -> bool:
+    """A call that launches nothing on the device: a getitem (of a tuple or a passthrough)."""
+    return node.op == "call_function" and node.target is operator.getitem
+
+
 class _StillNeeded:
     """Which positions of each stream some demand not yet reached still needs.
 
@@ -294,10 +299,10 @@ class _Planner:
         b = d.stream
         return [(s, p) for s, p in d.slots if clk.know(issued, b, s) < p]
 
-    def _record_point(self, a: int, p: int) -> int:
-        """Where a wait for stream a's node p records: an existing record of a that follows p
-        with no work of a in between (reused), else right after p."""
-        return self.reusable.get((a, p), p)
+    def _record_point(self, a: int, p: int, issued: list[int]) -> int:
+        """Where a wait for stream a's node p records: past the nodes after p that do no work
+        (an existing record there is reused), but never past what a has issued so far."""
+        return min(self.reusable.get((a, p), p), issued[a])
 
     def _sources(self, clk: _Clocks, issued: list[int], d: _Demand, unmet) -> dict[int, int]:
         """Candidate streams to wait on, each with the point its record would sit at.
@@ -308,11 +313,11 @@ class _Planner:
         stream may be waited on at its last node, carrying whatever it knows by then.
         """
         if d.at_exit:
-            return {x: self._record_point(x, issued[x]) for x in range(len(issued)) if x != d.stream and issued[x]}
+            return {x: self._record_point(x, issued[x], issued) for x in range(len(issued)) if x != d.stream and issued[x]}
         newest: dict[int, int] = {}
         for s, p in unmet:
             newest[s] = max(newest.get(s, 0), p)
-        return {a: self._record_point(a, p) for a, p in newest.items()}
+        return {a: self._record_point(a, p, issued) for a, p in newest.items()}
 
     def _options(self, clk: _Clocks, issued: list[int], d: _Demand, unmet) -> list[tuple[tuple[int, ...], list[int]]]:
         """Every set of candidate streams whose records together cover ``unmet`` (each member
@@ -496,27 +501,51 @@ class _Planner:
         return self.plan
 
     def _find_reusable_records(self) -> None:
-        """(stream, p) -> position of an existing record right after node p (only syncs between)."""
+        """Where a record for "stream a up to its node p" can go without waiting for more work.
+
+        Nodes that do no work on the device (inputs, attributes, getitems, records) can be
+        passed over: the record point for p moves to the last of them before a's next real
+        node, so every input is covered by one record at entry. An existing record of the
+        graph (of an event recorded once) in that stretch is reused instead of adding one.
+        """
         self.reusable: dict[tuple[int, int], int] = {}
         self.record_at: dict[tuple[int, int], tuple[Node, int]] = {}
         self.node_at: dict[tuple[int, int], Node] = {}
-        count: dict[int, int] = defaultdict(int)
         recorded: dict[int, int] = defaultdict(int)
         for call in self.a.syncs.values():
             if call.target is ops.RECORD_EVENT:
                 recorded[call.args[0]] += 1
-        last_work: dict[int, int] = {}
+        stretch: dict[int, list[int]] = defaultdict(list)  # per stream: positions since its last work
+        found: dict[int, int] = {}  # per stream: an existing record in the current stretch
+        count: dict[int, int] = defaultdict(int)
+
+        def close(s: int) -> None:
+            points = stretch.pop(s, [])
+            if points:
+                end = found.get(s, points[-1])
+                for q in points:
+                    if q < end:
+                        self.reusable[s, q] = end
+            found.pop(s, None)
+
         for node in self.a.nodes:
             s = self.slot[self.a.stream[node]]
             count[s] += 1
             p = count[s]
             self.node_at[s, p] = node
             call = self.a.syncs.get(node)
-            if call is None:
-                last_work[s] = p
-            elif call.target is ops.RECORD_EVENT and recorded[call.args[0]] == 1 and s in last_work:
-                self.reusable.setdefault((s, last_work[s]), p)
-                self.record_at[s, p] = (node, call.args[0])
+            if call is not None and call.target is ops.RECORD_EVENT:
+                if recorded[call.args[0]] == 1 and s not in found:
+                    found[s] = p
+                    self.record_at[s, p] = (node, call.args[0])
+                stretch[s].append(p)
+            elif node.op in ("placeholder", "get_attr") or _does_no_work(node):
+                stretch[s].append(p)
+            else:
+                close(s)  # real work (or a wait, which would add a dependency): the stretch ends
+                stretch[s].append(p)
+        for s in list(stretch):
+            close(s)
 
     def _place_records(self) -> None:
         plan = self.plan

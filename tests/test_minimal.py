@@ -45,6 +45,16 @@ def brute_force_min_waits(gm, free_points: bool = True) -> int:
             walk.append(("demand", a.stream[n], needs_of[n], False))
         walk.append(("issue", n))
 
+    def free(n) -> bool:  # launches nothing: a record for the node before it can move past it
+        return n.op in ("placeholder", "get_attr") or (n.op == "call_function" and n.target.__name__ == "getitem")
+
+    at = {pos[n]: n for n in a.nodes}
+
+    def point(s, p, issued):
+        while (s, p + 1) in at and free(at[s, p + 1]) and p + 1 <= issued:
+            p += 1
+        return p
+
     best = [float("inf")]
 
     def search(i, rows, snaps, cost):
@@ -68,10 +78,11 @@ def brute_force_min_waits(gm, free_points: bool = True) -> int:
             return
         if at_exit:  # any stream, at its last node
             points = {x: rows[x][x] for x in streams if x != b and rows[x][x]}
-        else:  # producers, right after the newest node needed from each
+        else:  # producers, right after the newest node needed from each (and nodes doing no work)
             points = {}
             for s, p in unmet:
                 points[s] = max(points.get(s, 0), p)
+            points = {s: point(s, p, rows[s][s]) for s, p in points.items()}
         useful = [x for x, p in points.items() if any(snaps[(x, p)][s] >= q for s, q in unmet)]
         for size in range(1, len(useful) + 1):
             for combo in itertools.combinations(useful, size):
