@@ -30,7 +30,6 @@ from .plan import SyncPlan
 
 Node = torch.fx.Node
 WRAPPABLE = frozenset({ops.RECORD_EVENT, ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
-WAITS = frozenset({ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
 
 
 def _set_stream(node: Node, s: int) -> None:
@@ -119,16 +118,11 @@ class _Editor:
         order = list(self.graph.nodes)
         index = self.index
         index.update((n, i) for i, n in enumerate(order))
-        record_node_of_event: dict[int, Node] = {}
-        for n in order:
-            call = ops.as_sync_call(n)
-            if call is not None and call.target is ops.RECORD_EVENT:
-                record_node_of_event.setdefault(call.args[0], n)
         gates = {self.gate_node.get(g, g): g for g in set(self.plan.protect) | set(self.plan.keepalive)}
 
-        pending: dict[int, list[Node]] = {}
+        pending: dict[int, list[Node]] = {}  # per stream: work since its last sync
         last_sync: dict[int, Node] = {}
-        wrapped_as: dict[Node, Node] = {}
+        last_record: dict[int, Node] = {}  # per event: its latest record so far
         for n in order:
             s = self.stream.get(n, AMBIENT)
             call = ops.as_sync_call(n)
@@ -139,15 +133,16 @@ class _Editor:
             deps = list(pending.pop(s, []))
             if s in last_sync:
                 deps.append(last_sync[s])
-            if call.target in (ops.WAIT_EVENT, ops.SYNC_EVENT):
-                rec = record_node_of_event.get(call.args[0])
-                if rec is not None and index[rec] < index[n]:
-                    deps.append(wrapped_as.get(rec, rec))
+            if call.target in (ops.WAIT_EVENT, ops.SYNC_EVENT) and call.args[0] in last_record:
+                deps.append(last_record[call.args[0]])
             elif call.target is ops.WAIT_STREAM:
-                deps += pending.get(call.args[1], []) + ([last_sync[call.args[1]]] if call.args[1] in last_sync else [])
+                other = call.args[1]
+                deps += pending.get(other, []) + ([last_sync[other]] if other in last_sync else [])
             gate = gates.get(n)
             passthrough, rewires = self._passthrough(n, gate, index) if gate is not None else ([], [])
-            last_sync[s] = wrapped_as[n] = self._wrap(n, call, deps, passthrough, rewires)
+            last_sync[s] = self._wrap(n, call, deps, passthrough, rewires)
+            if call.target is ops.RECORD_EVENT:
+                last_record[call.args[0]] = last_sync[s]
 
     def _passthrough(self, sync: Node, gate, index) -> tuple[list[Node], list[tuple[Node, Node]]]:
         """Tensors to thread through ``sync`` and the (user, input) uses to read them from it."""

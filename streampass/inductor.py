@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import logging

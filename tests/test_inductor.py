@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import operator
 from unittest import mock
 
 import pytest
