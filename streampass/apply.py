@@ -255,13 +255,15 @@ def free_attr(gm: torch.nn.Module, base: str) -> str:
     return name
 
 
-def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan) -> bool:
-    """Edit ``gm`` as ``plan`` says; returns whether anything changed. Recompiles ``gm``."""
+def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True) -> bool:
+    """Edit ``gm`` as ``plan`` says; returns whether anything changed (then recompiles ``gm``
+    unless ``recompile=False``)."""
     editor = _Editor(gm, plan)
     editor.insert()
     editor.normalize_streams()
     editor.encode()
     if editor.changed:
         gm.graph.lint()
-        gm.recompile()
+        if recompile:
+            gm.recompile()
     return editor.changed

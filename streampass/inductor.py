@@ -228,8 +228,7 @@ class StreamPass(CustomInferenceAwareGraphPass):
             lowered = device.type == "cpu" and lower_for_cpu(gm)
             report = GraphReport(kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none")
         else:
-            _hoist_get_attrs(graph)
-            result = run(gm, bind_runtime=False)
+            result = run(gm, bind_runtime=False, recompile=False)  # the lowering below recompiles
             kept = _copy(gm) if self.keep_graphs else None
             if device.type == "cpu":
                 lowering = "cpu"
@@ -256,25 +255,6 @@ def _emit(report: GraphReport) -> None:
         metadata_fn=lambda: {"name": "streampass_report", "encoding": "json"},
         payload_fn=lambda: json.dumps(report.to_json()),
     )
-
-
-def _hoist_get_attrs(graph: torch.fx.Graph) -> None:
-    """Move every get_attr to the top, right after the placeholders (they depend on nothing).
-
-    torch's ``wrap_all_sync_nodes_with_control_deps`` puts each subgraph's get_attr just before
-    its use; streampass 0.1.0's apply inserts graph-entry records after the *last*
-    placeholder/get_attr node, which then lies mid-graph.
-    """
-    placeholders = list(graph.find_nodes(op="placeholder"))
-    anchor = placeholders[-1] if placeholders else None
-    for node in list(graph.find_nodes(op="get_attr")):
-        if anchor is None:
-            first = next(iter(graph.nodes))
-            if first is not node:
-                first.prepend(node)
-        else:
-            anchor.append(node)
-        anchor = node
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -54,6 +54,7 @@ def run(
     external_events: Iterable[int] = (),
     check: bool = True,
     bind_runtime: bool = True,
+    recompile: bool = True,
 ) -> RunResult:
     """Make ``g`` race-free in place: insert the fewest record/wait pairs and encode the order.
 
@@ -61,6 +62,8 @@ def run(
     exactly as it was. ``check=False`` skips the final :func:`verify` (it is cheap; keep it on).
     ``bind_runtime`` makes ``gm(*args)`` fill the stream/event table itself
     (:func:`streampass.runtime.install`); compilers that own the table turn it off.
+    ``recompile=False`` leaves regenerating ``gm``'s Python code to the caller (a compiler
+    pass that lowers the graph, not the code).
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -86,7 +89,7 @@ def run(
     saved.output(out)
     attrs = set(gm._modules)
     try:
-        changed = apply_plan(gm, plan)
+        changed = apply_plan(gm, plan, recompile=recompile)
     except Exception as e:
         gm.graph = saved
         for name in set(gm._modules) - attrs:
