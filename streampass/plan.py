@@ -39,7 +39,7 @@ from .reading import StreamAssignment
 Node = torch.fx.Node
 
 #: Most states the search keeps per step; past it the plan is still valid, just not proven minimal.
-FRONTIER_LIMIT = 24
+FRONTIER_LIMIT = 256
 
 
 @dataclass(eq=False)
