@@ -130,3 +130,32 @@ def test_verify_agrees_with_brute_force_reachability(gm, drop):
     expected = sorted((r.kind, r.before.name, r.after.name) for r in reqs if r.before not in ancestors[r.after])
     found = sorted((h.kind, *h.nodes) for h in sp.verify(gm).hazards if h.kind != "dealloc")
     assert found == expected
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gm=st.builds(
+        random_stream_graph,
+        n_nodes=st.integers(5, 80),
+        n_streams=st.integers(2, 5),
+        seed=st.integers(0, 10_000),
+        style=st.sampled_from(["annotate", "fork_join", "mixed"]),
+        inplace=st.sampled_from([0.0, 0.2]),
+    ),
+    drop=st.integers(0, 2**16),
+)
+def test_run_completes_a_partly_synchronized_graph(gm, drop):
+    """Syncs already in the graph (wrapped in control_deps) are kept and only the missing ones added."""
+    original = copy.deepcopy(gm)
+    inputs = random_inputs(gm)
+    expected = run_serial(original, *[x.clone() for x in inputs])
+    sp.run(gm)
+    _drop_waits(gm, lambda i: (drop >> (i % 16)) & 1)
+    kept = sum(1 for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None and c.target is ops.WAIT_EVENT)
+    result = sp.run(gm)
+    assert result.ok, result.after
+    waits = sum(1 for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None and c.target is ops.WAIT_EVENT)
+    assert waits == kept + result.waits_added
+    got = gm(*[x.clone() for x in inputs])
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert not sp.run(gm).changed
