@@ -26,8 +26,8 @@ Node = torch.fx.Node
 class Requirement:
     """``before`` must complete on the device before ``after`` starts.
 
-    ``value`` is the tensor (its storage root) the two nodes share; ``kind`` says why.
-    ``stream`` is set for a stream that must be joined at exit (``before`` is its last node).
+    ``value`` is the tensor (its storage root) the two nodes share; ``kind`` says why. For a
+    side stream that must be joined at exit, ``value`` is None and ``before`` is its last node.
     """
 
     kind: str

@@ -17,8 +17,8 @@ torch 2.13.0):
   native multi-stream codegen runs kernels on their streams; the syncs stay ``control_deps``
   wrapped ``torch.ops.streams`` ops (each gets its own copy of the sync subgraph and a
   non-empty dependency tuple, which inductor's ``control_deps`` lowering requires). Event
-  indices streampass added are moved to ``EVENT_BASE + i`` and resolved at run time by a
-  fallback on dynamo's object table (:func:`install_object_fallback`).
+  indices streampass allocates (``>= EVENT_BASE``) are resolved at run time by a fallback on
+  dynamo's object table (:func:`install_object_fallback`).
 * **CPU**: inductor's CPU codegen cannot take ``custom.stream`` (``with stream1:`` without a
   definition) nor device-less extern ops (a fused kernel is emitted after ``del`` of its
   inputs). The stream of each node moves to ``node.meta["streampass_stream"]`` and each sync
@@ -30,6 +30,7 @@ torch 2.13.0):
 from __future__ import annotations
 
 import collections
+import copy
 import contextlib
 import dataclasses
 import hashlib
@@ -50,12 +51,12 @@ from .apply import free_attr
 from .compat import aot_guard_on, cpu_safe_aot
 from .dag import StreamDAG
 from .pipeline import RunResult, run
+from .plan import EVENT_BASE
 from .reading import read_streams
 
 log = logging.getLogger(__name__)
 
 #: Event indices streampass adds to a GPU graph start here, far above dynamo's object indices.
-EVENT_BASE = 1 << 20
 
 #: ``op name -> calls`` of :func:`sync` made by CPU graphs at run time (tests, debugging).
 RUNTIME_SYNCS: collections.Counter[str] = collections.Counter()
@@ -235,7 +236,7 @@ class StreamPass(CustomInferenceAwareGraphPass):
                 lower_for_cpu(gm)
             else:
                 lowering = "native"
-                lower_for_gpu(gm, first_new_event=result.plan.first_event)
+                lower_for_gpu(gm)
             report = GraphReport(
                 kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
                 _nonzero(result.before.by_kind()), _nonzero(result.after.by_kind()), result.changed,
@@ -258,10 +259,7 @@ def _emit(report: GraphReport) -> None:
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    g = torch.fx.Graph()
-    out = g.graph_copy(gm.graph, {})
-    g.output(out)
-    return torch.fx.GraphModule(gm, g)
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 def _is_backward(graph: torch.fx.Graph) -> bool:
@@ -349,32 +347,22 @@ def lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
     return changed
 
 
-def lower_for_gpu(gm: torch.fx.GraphModule, first_new_event: int | None = None) -> None:
+def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
     """Shape the ``control_deps`` syncs as inductor's lowering needs them (GPU graphs).
 
     torch 2.13's ``control_deps`` lowering asserts a non-empty dependency tuple and runs the
     subgraph's nodes in the outer graph's environment, so a subgraph shared by several syncs
-    fails on its second use: each sync gets its own copy. Event indices ``>= first_new_event``
-    (the ones :func:`streampass.run` allocated) move to ``EVENT_BASE + i`` so the run-time
-    fallback (:func:`install_object_fallback`) knows they are events.
+    fails on its second use: each sync gets its own copy. Event indices streampass allocated
+    are ``>= EVENT_BASE``, which is how the run-time fallback (:func:`install_object_fallback`)
+    knows they are events.
     """
     install_object_fallback()
     graph = gm.graph
     a = read_streams(gm, getattr(gm, "_streampass_external_events", ()))
-    remap: dict[int, int] = {}
-    if first_new_event is not None:
-        for e in sorted(a.events()):
-            if first_new_event <= e < EVENT_BASE:
-                remap[e] = EVENT_BASE + len(remap)
     tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
-    event_ops = (ops.RECORD_EVENT, ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC)
     for node in list(graph.nodes):
         call = a.syncs.get(node)
-        if call is None:
-            continue
-        if call.wrapper is None:
-            if call.target in event_ops and call.args[0] in remap:
-                node.args = (remap[call.args[0]], *node.args[1:])
+        if call is None or call.wrapper is None:
             continue
         sub = ops._subgraph_module(node)
         g = torch.fx.Graph()
@@ -384,10 +372,7 @@ def lower_for_gpu(gm: torch.fx.GraphModule, first_new_event: int | None = None) 
         with graph.inserting_before(node):
             getter = graph.get_attr(attr)
         deps = tuple(node.args[0]) or tuple(tensor_inputs[:1])
-        args = list(node.args[2:])
-        if call.target in event_ops and args and args[0] in remap:
-            args[0] = remap[args[0]]
-        node.args = (deps, getter, *args)
+        node.args = (deps, getter, *node.args[2:])
     _drop_unused_subgraphs(gm)
     graph.lint()
     gm.recompile()

@@ -138,6 +138,14 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
     src = passthrough_source(node)
     if src is not None:
         return src
+    if node.op == "call_function" and node.target is operator.getitem:
+        # A chunk of split/unbind/chunk (`Tensor(a)[]`) is a view of what the list aliases.
+        seq = node.args[0]
+        returns = getattr(getattr(seq, "target", None), "_schema", None)
+        if isinstance(seq, torch.fx.Node) and returns is not None and returns.returns:
+            if returns.returns[0].alias_info is not None:
+                return seq
+        return None
     schema = getattr(node.target, "_schema", None)
     if node.op != "call_function" or schema is None or not schema.returns:
         return None
@@ -145,8 +153,10 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
     if ret is None:
         return None
     # A view (`Tensor(a)`) or an in-place op's result (`Tensor(a!)`) is the argument it aliases.
+    # A list of views (`Tensor(a)[]`: split, unbind) exposes no alias set on the list itself
+    # in Python: it aliases the argument that has one.
     for i, a in enumerate(schema.arguments):
-        if a.alias_info is not None and a.alias_info.before_set & ret.before_set:
+        if a.alias_info is not None and (a.alias_info.before_set & ret.before_set or not ret.before_set):
             arg = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
             if isinstance(arg, torch.fx.Node):
                 return arg

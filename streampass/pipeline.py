@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -84,9 +85,7 @@ def run(
     before = Report(find_hazards(dag, reqs), dag.streams)
     plan = plan_syncs(assignment, reqs=reqs)
 
-    saved = torch.fx.Graph(owning_module=gm)
-    out = saved.graph_copy(gm.graph, {})
-    saved.output(out)
+    saved = copy.deepcopy(gm.graph)  # nodes, meta and code generator (pytree signatures)
     attrs = set(gm._modules)
     try:
         changed = apply_plan(gm, plan, recompile=recompile)
@@ -100,6 +99,8 @@ def run(
         raise StreamPassError(f"internal error while applying the sync plan ({e!r}); the graph was restored") from e
 
     gm._streampass_external_events = external_events
+    if changed:
+        gm._streampass_table = None  # streams or events may have changed: rebuild on next call
     if bind_runtime and (assignment.streams != [0] or plan.waits):
         runtime.install(gm)
     if check:

@@ -104,12 +104,17 @@ class SyncPlan:
         return f"{len(self.records)} record(s), {len(self.waits)} wait(s) to add"
 
 
+#: Event indices streampass allocates start here: far above the stream indices people write
+#: (and dynamo's object-table indices), so a stream added to the graph later cannot collide.
+EVENT_BASE = 1 << 20
+
+
 def first_free_event(a: StreamAssignment) -> int:
-    """Event indices streampass allocates start above every stream and event index in the graph."""
+    """The first event index for new records: above every index in the graph, and >= EVENT_BASE."""
     used = set(a.streams) | a.events() | set(a.external_events)
     for call in a.syncs.values():
         used.update(x for x in call.args if isinstance(x, int) and not isinstance(x, bool))
-    return max(used) + 1
+    return max(max(used) + 1, EVENT_BASE)
 
 
 class _Clocks:

@@ -210,7 +210,7 @@ def read_streams(
         if node.op == "call_function" and _is_passthrough_getitem(node):
             stream[node] = stream[node.args[0]]
 
-    return StreamAssignment(
+    assignment = StreamAssignment(
         graph=graph,
         nodes=nodes,
         stream=stream,
@@ -219,6 +219,13 @@ def read_streams(
         external_events=external,
         position={n: i for i, n in enumerate(nodes)},
     )
+    # Streams and events are looked up in one object table: one index cannot be both.
+    clash = assignment.events() & set(stream.values())
+    if clash:
+        index = min(clash)
+        node = next(n for n, s in stream.items() if s == index)
+        raise StreamPassError(f"index {index} is used both as a stream and as an event", node.name)
+    return assignment
 
 
 def _storage_roots(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:

@@ -57,6 +57,20 @@ def getitem(node, i):
 __all__ = ["GraphBuilder", "aten", "ops"]
 
 
+def reserve_stream_indices(n: int) -> None:
+    """Start dynamo's object table afresh with streams at indices 0..n-1.
+
+    torch's own stream passes allocate events in that table. Under dynamo the streams are
+    registered first, so event indices never equal stream indices; outside dynamo a test has
+    to do that itself (streampass refuses an index used as both).
+    """
+    from torch._dynamo import graph_bytecode_inputs as table
+
+    table.reset_user_object_tracking()
+    for _ in range(n):
+        table.register_graph_created_object(torch.Stream("cpu"), lambda index, cg: None)
+
+
 @pytest.fixture
 def fanout_graph():
     """A backward-tagged graph where one producer on stream 1 is read on streams 0 and 2.
@@ -66,6 +80,7 @@ def fanout_graph():
     """
 
     def build() -> torch.fx.GraphModule:
+        reserve_stream_indices(3)
         b = GraphBuilder(device="meta")
         tag = {"partitioner_tag": "is_backward"}
         x = b.input("x")

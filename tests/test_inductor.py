@@ -14,6 +14,8 @@ import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from conftest import reserve_stream_indices
+
 import streampass as sp
 import streampass.inductor as spi
 from streampass import compat
@@ -323,7 +325,7 @@ def test_reuses_torch_backward_syncs_and_adds_only_missing(wrapped):
     from torch._dynamo import graph_bytecode_inputs
     from torch._functorch._aot_autograd import streams as aot_streams
 
-    graph_bytecode_inputs.reset_user_object_tracking()
+    reserve_stream_indices(3)
     gm = _backward_graph()
     aot_streams.insert_backward_syncs(gm)
     if wrapped:

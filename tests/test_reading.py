@@ -106,13 +106,14 @@ def test_fork_join_regions_nested_with_unannotated_nodes():
         (lambda b, x: b.sync(ops.FORK, 3, 1, name="f"), "current stream here is 0", "f"),
         (lambda b, x: b.sync(ops.WAIT_EVENT, 7, 1, name="w"), "event 7, which no earlier node records", "w"),
         (lambda b, x: b.sync(ops.RECORD_EVENT, 7, "s", name="r"), "must be an int", "r"),
+        (lambda b, x: b.sync(ops.RECORD_EVENT, 1, 0, name="r"), "both as a stream and as an event", "s1"),
     ],
 )
 def test_malformed_graphs_raise_naming_the_node(build, message, node):
     b = GraphBuilder()
     x = b.input("x")
     build(b, x)
-    gm = b.output(b.op(aten.sin.default, x))
+    gm = b.output(b.op(aten.sin.default, b.op(aten.cos.default, x, stream=1, name="s1")))
     with pytest.raises(sp.StreamPassError, match=message) as info:
         sp.read_streams(gm)
     assert info.value.node == node

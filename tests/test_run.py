@@ -237,3 +237,64 @@ def test_training_graphs_from_aot_function_run_and_match_eager():
     assert torch.allclose(loss, ref)
     for a, r in zip(args, ref_args):
         assert torch.allclose(a.grad, r.grad)
+
+
+def test_in_place_write_to_a_chunk_of_an_input_is_ordered_before_readers():
+    def f(x):
+        a, b = x.split(2)
+        with sp.stream(1):
+            a.add_(1)
+        return x.sum()
+
+    gm = make_fx(f)(torch.ones(4))
+    before = sp.verify(gm)
+    assert ("entry", ("x_1", "add_")) in {(h.kind, h.nodes) for h in before.hazards}
+    assert not any(h.kind == "dealloc" for h in before.hazards), "a chunk of an input is not a new allocation"
+    sp.run(gm)
+    dag = sp.StreamDAG.from_graph(gm)
+    assert sp.verify(gm).ok
+    assert dag.happens_before("add_", "sum_1")
+    assert torch.equal(gm(torch.ones(4)), f(torch.ones(4)))
+
+
+def test_restored_graph_keeps_its_calling_convention(monkeypatch):
+    def g(d):
+        with sp.stream(1):
+            y = d["a"].sin()
+        return y + d["b"]
+
+    d = {"a": torch.randn(3), "b": torch.randn(3)}
+    gm = make_fx(g)(d)
+    code = gm.code
+    from streampass import apply
+
+    def boom(self):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(apply._Editor, "encode", boom)
+    with pytest.raises(sp.StreamPassError):
+        sp.run(gm)
+    assert gm.code == code
+    assert torch.equal(gm(d), g(d))
+
+
+def test_rerun_after_the_graph_grew_a_stream_rebuilds_the_runtime_table():
+    def f(x):
+        with sp.stream(1):
+            y = x.sin()
+        return y + 1
+
+    x = torch.randn(3)
+    gm = make_fx(f)(x)
+    sp.run(gm)
+    gm(x)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(out):
+        e = gm.graph.call_function(torch.ops.aten.exp.default, (out.args[0],))
+    e.meta["custom"] = {"stream": 2}
+    e.meta["val"] = out.args[0].meta.get("val")
+    out.args = (e,)
+    gm.recompile()
+    assert sp.run(gm).ok
+    assert torch.equal(gm(x), (f(x)).exp())
+    assert torch.equal(sp.execute(gm, x), (f(x)).exp())
