@@ -76,7 +76,7 @@ class _Editor:
         leading = list(itertools.takewhile(lambda n: n.op in ("placeholder", "get_attr"), self.graph.nodes))
 
         def at_entry(r):
-            return r.anchor is None or r.anchor.op in ("placeholder", "get_attr")
+            return r.anchor.op in ("placeholder", "get_attr")
 
         for r in self.plan.records:
             if at_entry(r):

@@ -169,6 +169,17 @@ def compare(before, after) -> Comparison:
 
     Stream ops are matched by node name (a pass keeps the names of the nodes it does not
     touch); hazards by ``(kind, message)``.
+
+    >>> import copy, torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4)); before = copy.deepcopy(gm); _ = sp.run(gm)
+    >>> c = sp.compare(before, gm)
+    >>> len(c.waits) > 0, len(c.fixed) == len(sp.verify(before).hazards), c.ok
+    (True, True, True)
     """
     db, da = _dag(before), _dag(after)
     a = da.assignment

@@ -33,6 +33,8 @@ from typing import Any, Union
 import torch
 import torch.fx
 from torch.fx.passes.shape_prop import TensorMetadata
+
+from . import ops
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
@@ -121,18 +123,12 @@ _FREE_FUNCTIONS = frozenset({operator.getitem})
 
 
 def _is_streams_op(target: Any) -> bool:
-    if getattr(target, "namespace", None) == "streams":
-        return True
-    schema = getattr(target, "_schema", None)
-    if schema is not None and schema.name.startswith("streams::"):
-        return True
-    return str(getattr(target, "_qualified_op_name", "")).startswith("streams::")
+    # an overload (torch.ops.streams.wait_event.default) or its packet (torch.ops.streams.wait_event)
+    return target in ops.STREAM_OPS or str(getattr(target, "_qualified_op_name", "")).startswith("streams::")
 
 
 def _is_control_deps(target: Any) -> bool:
-    # Matched by name so that torch._inductor (slow to import) is never imported here.
-    return (isinstance(target, torch._ops.HigherOrderOperator)
-            and target.name() == "control_deps")
+    return target is ops.CONTROL_DEPS
 
 
 def _view_name(node: torch.fx.Node) -> str | None:

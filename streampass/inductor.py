@@ -206,6 +206,14 @@ class StreamPass(CustomInferenceAwareGraphPass):
     Args:
         keep_graphs: keep, in each :class:`GraphReport`, a copy of the graph as
             :func:`streampass.run` left it (before the device lowering); for tests.
+
+    Usage: ``with streampass.inductor.enabled(): torch.compile(fn)(x)`` (see docs/inductor.md).
+
+    >>> import torch
+    >>> mine = lambda graph: None  # a user's own post-grad pass
+    >>> passes = with_streampass(mine)
+    >>> passes[0] is mine, isinstance(passes[1], StreamPass), StreamPass().uuid() == StreamPass().uuid()
+    (True, True, True)
     """
 
     def __init__(self, keep_graphs: bool = False):

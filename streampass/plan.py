@@ -64,11 +64,11 @@ class PlannedWait:
 
 @dataclass(eq=False)
 class PlannedRecord:
-    """``record_event(event, stream)`` right after ``anchor`` (None: at graph entry)."""
+    """``record_event(event, stream)`` right after ``anchor`` (an input: at graph entry)."""
 
     stream: int
     event: int
-    anchor: Node | None
+    anchor: Node
     existing: Node | None = None  # an existing record of the graph, reused
     node: Node | None = None  # the node apply() created
 

@@ -482,6 +482,18 @@ def simulate(
 
     ``external_events``: event indices recorded outside the graph (see
     :func:`streampass.read_streams`); waiting on one does not block.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x, w):
+    ...     with sp.stream(1):
+    ...         a = x @ w
+    ...     return a + x @ w.t()
+    >>> m = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+    >>> gm = make_fx(f)(m, m); _ = sp.run(gm)
+    >>> s = sp.simulate(gm, "h100")
+    >>> s.ok, s.critical_path_time <= s.makespan < s.serial_time
+    (True, True)
     """
     model = _as_cost(cost)
     a = read_streams(gm, external_events)
