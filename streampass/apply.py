@@ -257,7 +257,20 @@ def free_attr(gm: torch.nn.Module, base: str) -> str:
 
 def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True) -> bool:
     """Edit ``gm`` as ``plan`` says; returns whether anything changed (then recompiles ``gm``
-    unless ``recompile=False``)."""
+    unless ``recompile=False``). :func:`streampass.run` wraps this with reading, planning,
+    verification and the all-or-nothing guarantee; use that.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> plan = sp.plan_syncs(sp.read_streams(gm))
+    >>> apply_plan(gm, plan), sp.verify(gm).ok
+    (True, True)
+    """
     editor = _Editor(gm, plan)
     editor.insert()
     editor.normalize_streams()

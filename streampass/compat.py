@@ -61,6 +61,7 @@ def aot_guard_on() -> None:
 
 
 def aot_guard_off() -> None:
+    """Undo one :func:`aot_guard_on`; torch's pass is back when none is left."""
     global _guard_depth
     graph_capture, original, _ = _guarded_sync_deallocations()
     _guard_depth = max(_guard_depth - 1, 0)

@@ -46,6 +46,7 @@ class CrossStreamValue:
 
 
 def is_tensor_value(node: Node) -> bool:
+    """Whether ``node`` produces a tensor (or tensors), judged by its metadata; unknown: yes."""
     val = node.meta.get("val", node.meta.get("example_value"))
     if val is None:
         return node.op != "output"  # unknown: assume a tensor (conservative)
@@ -57,7 +58,20 @@ def is_tensor_value(node: Node) -> bool:
 
 
 def reads_of(a: StreamAssignment, node: Node) -> list[Node]:
-    """The tensor values ``node`` reads on the device (storage roots, deduplicated)."""
+    """The tensor values ``node`` reads on the device (storage roots, deduplicated).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> a = sp.read_streams(gm)
+    >>> add = next(n for n in a.nodes if n.name == "add")
+    >>> [r.name for r in reads_of(a, add)]
+    ['sin', 'cos']
+    """
     if node in a.syncs or not (a.is_compute(node) or node.op == "output"):
         return []
     out: list[Node] = []
@@ -75,7 +89,15 @@ def reads_of(a: StreamAssignment, node: Node) -> list[Node]:
 
 
 def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
-    """Storage roots ``node`` overwrites in place (from its schema)."""
+    """Storage roots ``node`` overwrites in place (from its schema).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> gm = make_fx(lambda x: x.t().add_(1))(torch.ones(2, 2))
+    >>> a = sp.read_streams(gm)
+    >>> [(n.name, [r.name for r in writes_of(a, n)]) for n in a.nodes if writes_of(a, n)]
+    [('add_', ['x_1'])]
+    """
     if not a.is_compute(node):
         return []
     out = []
@@ -92,6 +114,19 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
     """Every cross-stream ordering the graph needs, and every value read across streams.
 
     Only pairs on different streams are returned: a stream runs its own work in order.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> reqs, values = requirements(sp.read_streams(gm))
+    >>> sorted((r.kind, r.before.name, r.after.name) for r in reqs)
+    [('entry', 'x_1', 'sin'), ('exit', 'sin', 'output'), ('raw', 'sin', 'add')]
+    >>> [(v.value.name, v.stream, sorted(v.readers)) for v in values]
+    [('sin', 1, [0])]
     """
     reqs: list[Requirement] = []
     last_writer: dict[Node, Node] = {}

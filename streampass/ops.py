@@ -113,7 +113,21 @@ def passthrough_source(node: torch.fx.Node) -> torch.fx.Node | None:
 
 
 def passthrough_values(wrapper: torch.fx.Node) -> list[torch.fx.Node]:
-    """The values a ``control_deps`` node passes through: ``getitem(wrapper, i)`` is item ``i - 1``."""
+    """The values a ``control_deps`` node passes through: ``getitem(wrapper, i)`` is item ``i - 1``.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> _ = sp.run(gm)
+    >>> [(n.name, [v.name for v in passthrough_values(n)]) for n in gm.graph.nodes if passthrough_values(n)][:1]
+    [('wait_event_default', ['x_1'])]
+    """
+    if wrapper.op != "call_function" or wrapper.target is not CONTROL_DEPS:
+        return []
     sub = _subgraph_module(wrapper)
     if sub is None:
         return []
@@ -125,7 +139,12 @@ def passthrough_values(wrapper: torch.fx.Node) -> list[torch.fx.Node]:
 
 
 def mutated_arg_positions(node: torch.fx.Node) -> list[int]:
-    """Positions of the arguments an op writes (from its schema's alias annotations)."""
+    """Positions of the arguments an op writes (from its schema's alias annotations).
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> mutated_arg_positions(g.call_function(torch.ops.aten.copy_.default, (x, x)))
+    [0]
+    """
     schema = getattr(node.target, "_schema", None)
     if schema is None or node.op != "call_function":
         return []
@@ -134,7 +153,14 @@ def mutated_arg_positions(node: torch.fx.Node) -> list[int]:
 
 
 def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
-    """The input whose storage ``node``'s output shares (a view), or None."""
+    """The input whose storage ``node``'s output shares (a view), or None.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> aliases_input(g.call_function(torch.ops.aten.t.default, (x,))) is x
+    True
+    >>> aliases_input(g.call_function(torch.ops.aten.sin.default, (x,))) is None
+    True
+    """
     src = passthrough_source(node)
     if src is not None:
         return src

@@ -110,7 +110,18 @@ EVENT_BASE = 1 << 20
 
 
 def first_free_event(a: StreamAssignment) -> int:
-    """The first event index for new records: above every index in the graph, and >= EVENT_BASE."""
+    """The first event index for new records: above every index in the graph, and >= EVENT_BASE.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> first_free_event(sp.read_streams(gm)) == EVENT_BASE
+    True
+    """
     used = set(a.streams) | a.events() | set(a.external_events)
     for call in a.syncs.values():
         used.update(x for x in call.args if isinstance(x, int) and not isinstance(x, bool))

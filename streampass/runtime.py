@@ -55,7 +55,13 @@ class NoOpStream(torch.Stream):
 
 
 def graph_device(gm: torch.fx.GraphModule) -> torch.device:
-    """The device of the first tensor value in the graph's metadata (CPU if none is known)."""
+    """The device of the first tensor value in the graph's metadata (CPU if none is known).
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> graph_device(make_fx(torch.sin)(torch.ones(2, device="meta")))
+    device(type='meta')
+    """
     for n in gm.graph.nodes:
         val = n.meta.get("val")
         if isinstance(val, torch.Tensor):
@@ -107,7 +113,22 @@ def _external(gm: torch.fx.GraphModule) -> tuple[int, ...]:
 
 @contextlib.contextmanager
 def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> Iterator[StreamTable]:
-    """Fill dynamo's object table for ``gm`` while the block runs; restore it afterwards."""
+    """Fill dynamo's object table for ``gm`` while the block runs; restore it afterwards.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> _ = sp.run(gm)
+    >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> with bind(gm) as t:
+    ...     inside = all(i in table.index_to_external_object_weakref for i in t.entries())
+    >>> inside, any(i in table.index_to_external_object_weakref for i in t.events)
+    (True, False)
+    """
     t = getattr(gm, "_streampass_table", None)
     if t is None or (device is not None and torch.device(device) != t.device):
         t = StreamTable.for_graph(gm, device)
@@ -127,7 +148,21 @@ def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> 
 
 
 def install(gm: torch.fx.GraphModule) -> None:
-    """Make ``gm(*args)`` bind its table around every call (forward hooks; idempotent)."""
+    """Make ``gm(*args)`` bind its table around every call (forward hooks; idempotent).
+    :func:`streampass.run` calls this; ``gm.forward(...)`` bypasses the hooks.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> _ = sp.run(gm, bind_runtime=False)
+    >>> install(gm); install(gm)
+    >>> len(gm._forward_pre_hooks), torch.equal(gm(torch.ones(4)), f(torch.ones(4)))
+    (1, True)
+    """
     if getattr(gm, "_streampass_hooks", None):
         return
     stack: list[contextlib.ExitStack] = []

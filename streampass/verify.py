@@ -90,7 +90,19 @@ def _describe(req: Requirement, dag: StreamDAG) -> Hazard:
 
 
 def keepalive_waits(dag: StreamDAG) -> dict[torch.fx.Node, list[torch.fx.Node]]:
-    """value root -> wait nodes that hold the value alive as an argument (deferred frees)."""
+    """value root -> wait nodes that hold the value alive as an argument (deferred frees).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> _ = sp.run(gm)
+    >>> {v.name: len(ws) for v, ws in keepalive_waits(sp.StreamDAG.from_graph(gm)).items()}
+    {'x_1': 1, 'sin': 2}
+    """
     a = dag.assignment
     out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for node, call in a.syncs.items():
@@ -107,7 +119,9 @@ def keepalive_waits(dag: StreamDAG) -> dict[torch.fx.Node, list[torch.fx.Node]]:
 
 
 def dealloc_safe(dag: StreamDAG, cv: CrossStreamValue, keepalive, recorded_streams) -> bool:
-    """Whether ``cv``'s memory cannot be reused by its stream while another stream reads it."""
+    """Whether ``cv``'s memory cannot be reused by its stream while another stream reads it:
+    every reading stream has a ``record_stream`` for it, or a wait of its own stream that
+    follows all the reads holds it alive. Used by :func:`find_hazards` (the dealloc kind)."""
     if all(s in recorded_streams.get(cv.value, ()) for s in cv.readers):
         return True
     readers = [r for rs in cv.readers.values() for r in rs]
@@ -119,6 +133,16 @@ def dealloc_safe(dag: StreamDAG, cv: CrossStreamValue, keepalive, recorded_strea
 
 def find_hazards(dag: StreamDAG, reqs=None) -> list[Hazard]:
     """Hazards of an already-built DAG, in graph order of the later node.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> [h.kind for h in find_hazards(sp.StreamDAG.from_graph(gm))]
+    ['entry', 'raw', 'exit', 'dealloc']
 
     ``reqs``: the ``(requirements, values)`` of :func:`streampass.hazards.requirements` for
     this DAG's assignment, if the caller already has them.
