@@ -68,6 +68,8 @@ def describe(dag: StreamDAG) -> list[str]:
 
 
 def demo(args: argparse.Namespace) -> int:
+    """``streampass demo``: trace the embedded block, report its streams and hazards, run the
+    pass, check the result against the original, write the HTML report. Exit 0 on success."""
     gm, example = trace_demo()
     original = copy.deepcopy(gm)  # run() edits gm in place; the HTML report shows both
     expected = run_serial(gm, *example)
@@ -127,6 +129,7 @@ def load_target(target: str, shapes: str | None = None, dtype: str = "float32") 
 
 
 def inspect(args: argparse.Namespace) -> int:
+    """``streampass inspect TARGET``: the demo's report for a user's program (see load_target)."""
     from .errors import StreamPassError
 
     gm = load_target(args.target, args.shapes, args.dtype)
@@ -156,6 +159,12 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``streampass`` console script.
+
+    >>> main(["demo", "--html", ""])  # doctest: +ELLIPSIS
+    == streampass demo: ...
+    0
+    """
     parser = argparse.ArgumentParser(prog="streampass", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="trace the embedded model, report its streams and hazards, fix them")
