@@ -151,6 +151,16 @@ def install_object_fallback() -> None:
 
     Only lookups that would fail (``AssertionError: Index not registered``) change; dynamo's
     own entries, its per-call prologue and ``reset_user_object_tracking`` work as before.
+
+    >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> saved_table = table.index_to_external_object_weakref
+    >>> install_object_fallback()
+    >>> install_object_fallback()  # a second call changes nothing
+    >>> type(table.index_to_external_object_weakref).__name__
+    '_ObjectTable'
+    >>> EVENT_BASE in table.index_to_external_object_weakref, -1 in table.index_to_external_object_weakref
+    (True, False)
+    >>> table.index_to_external_object_weakref = saved_table  # undo the process-wide fallback
     """
     from torch._dynamo import graph_bytecode_inputs as table
 
@@ -179,10 +189,12 @@ class GraphReport:
     verified_graph: torch.fx.GraphModule | None = dataclasses.field(default=None, repr=False)
 
     def to_json(self) -> dict:
+        """The report's fields as a JSON-able dict (without the run result and the kept graph)."""
         skip = ("result", "verified_graph")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
 
     def line(self) -> str:
+        """The report as one log line."""
         before, after = sum(self.hazards_before.values()), sum(self.hazards_after.values())
         return (
             f"streampass [{self.graph}, {self.device}]: streams {self.streams}, "
@@ -221,6 +233,7 @@ class StreamPass(CustomInferenceAwareGraphPass):
         self.reports: list[GraphReport] = []
 
     def uuid(self) -> bytes:
+        """sha256 of streampass's version and the source of the modules the pass runs."""
         from . import __version__
 
         return _hash_files(_source_files(), f"streampass-{__version__}")
@@ -301,6 +314,28 @@ def lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
     (plain or in ``control_deps``) becomes ``streampass.sync(tensor_deps, op, int_args)``,
     and readers of a ``control_deps`` passthrough read the value itself. Returns whether
     anything changed (a graph without streams is left alone).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> x = torch.ones(4)
+    >>> gm = make_fx(f)(x)
+    >>> _ = sp.run(gm)
+    >>> lower_for_cpu(gm), lower_for_cpu(gm)  # the second call finds nothing to change
+    (True, False)
+    >>> syncs = [n for n in gm.graph.nodes if n.target is SYNC]
+    >>> [n.args[1] for n in syncs]
+    ['record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event']
+    >>> [n.name for n in gm.graph.nodes if n.meta.get(STREAM_KEY) == 1 and n.target is not SYNC]
+    ['sin']
+    >>> any("stream" in n.meta.get("custom", {}) for n in gm.graph.nodes)
+    False
+    >>> counted = RUNTIME_SYNCS.copy()
+    >>> torch.equal(gm(x), f(x)), dict(RUNTIME_SYNCS - counted)  # the syncs ran, as no-ops
+    (True, {'record_event': 3, 'wait_event': 3})
     """
     graph = gm.graph
     changed = False
@@ -363,6 +398,28 @@ def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
     fails on its second use: each sync gets its own copy. Event indices streampass allocated
     are ``>= EVENT_BASE``, which is how the run-time fallback (:func:`install_object_fallback`)
     knows they are events.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> from streampass import ops
+    >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> saved_table = table.index_to_external_object_weakref
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> _ = sp.run(gm)
+    >>> shared = {n.args[1].target for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS}
+    >>> len(shared)  # 3 records and 3 waits share two subgraphs
+    2
+    >>> lower_for_gpu(gm)
+    >>> syncs = [n for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS]
+    >>> len({n.args[1].target for n in syncs}), all(n.args[0] for n in syncs)  # own copy each, deps non-empty
+    (6, True)
+    >>> sorted(n.args[2] - EVENT_BASE for n in syncs)  # event indices, two uses each
+    [0, 0, 1, 1, 2, 2]
+    >>> table.index_to_external_object_weakref = saved_table  # undo the process-wide fallback
     """
     install_object_fallback()
     graph = gm.graph
@@ -419,6 +476,20 @@ def enable(pass_: StreamPass | None = None) -> StreamPass:
 
     Also installs the CPU guard for torch's AOT stream passes (:func:`cpu_safe_aot_stream_passes`)
     and the object-table fallback. Returns the installed pass.
+
+    >>> from torch._inductor import config
+    >>> from streampass.compat import aot_guard_off
+    >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> saved_table = table.index_to_external_object_weakref
+    >>> saved = config.post_grad_custom_post_pass
+    >>> mine = lambda graph: None  # a user's own post-grad pass
+    >>> config.post_grad_custom_post_pass = mine
+    >>> p = enable()
+    >>> config.post_grad_custom_post_pass == [mine, p], isinstance(p, StreamPass)
+    (True, True)
+    >>> config.post_grad_custom_post_pass = saved  # undo it: the config, the AOT guard, the table
+    >>> aot_guard_off()
+    >>> table.index_to_external_object_weakref = saved_table
     """
     from torch._inductor import config
 
@@ -434,6 +505,17 @@ def enabled(pass_: StreamPass | None = None) -> Iterator[StreamPass]:
 
     The compile happens at the first call of a compiled function, so call it (the first
     forward of a training step included) inside the block.
+
+    >>> from torch._inductor import config
+    >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> saved_table = table.index_to_external_object_weakref
+    >>> saved = config.post_grad_custom_post_pass
+    >>> with enabled() as p:
+    ...     config.post_grad_custom_post_pass[-1] is p, p.reports
+    (True, [])
+    >>> config.post_grad_custom_post_pass is saved
+    True
+    >>> table.index_to_external_object_weakref = saved_table  # undo the process-wide fallback
     """
     from torch._inductor import config
 

@@ -72,6 +72,26 @@ def build_report(
     :func:`streampass.run` (omit to report one graph). ``lines``: a text summary shown at the
     top (the CLI passes what it printed). ``schedule``: add the simulated schedule of the final
     graph (``cost`` profile) when :mod:`streampass.simulate` is installed.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> before = make_fx(f)(torch.ones(4))
+    >>> after = make_fx(f)(torch.ones(4))
+    >>> _ = sp.run(after)
+    >>> page = build_report(before, after, title="sin | cos", lines=["4 hazards -> 0"])
+    >>> page.startswith("<!DOCTYPE html>"), "<title>sin | cos</title>" in page
+    (True, True)
+    >>> [a for a in ("summary", "before", "changes", "after", "schedule") if f'<section id="{a}">' in page]
+    ['summary', 'before', 'changes', 'after', 'schedule']
+    >>> "<h3>Hazards (4)</h3>" in page, "<h3>Hazards (0)</h3>" in page, "<script" in page
+    (True, True, False)
+    >>> one = build_report(before, schedule=False)
+    >>> "<h2>Graph</h2>" in one, '<section id="after">' in one, '<section id="schedule">' in one
+    (True, False, False)
     """
     from .compare import compare
 
@@ -109,7 +129,22 @@ def build_report(
 
 
 def write_report(path, before, after=None, **kwargs) -> Path:
-    """Write :func:`build_report` to ``path`` (parent folders are created); returns the path."""
+    """Write :func:`build_report` to ``path`` (parent folders are created); returns the path.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> import os, shutil, tempfile
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> tmp = tempfile.mkdtemp()
+    >>> path = write_report(os.path.join(tmp, "new", "report.html"), gm, schedule=False)
+    >>> path.name, path.stat().st_size > 0, path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    ('report.html', True, True)
+    >>> shutil.rmtree(tmp)
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(build_report(before, after, **kwargs), encoding="utf-8")

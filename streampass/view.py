@@ -93,6 +93,7 @@ class StreamDAGData:
     # the same query names as StreamDAG, where they make sense on a snapshot
     @property
     def nx(self) -> nx.DiGraph:
+        """The snapshot as a ``networkx.DiGraph`` (node and edge attributes as on ``StreamDAG.nx``)."""
         if self._nx is None:
             g = nx.DiGraph()
             for n in self.nodes:
@@ -103,12 +104,15 @@ class StreamDAGData:
         return self._nx
 
     def stream_of(self, name: str) -> int:
+        """The stream node ``name`` runs on."""
         return self._by_name[name]["stream"]
 
     def nodes_on(self, stream: int) -> list[str]:
+        """Names of the nodes on ``stream``, in issue order."""
         return [n["name"] for n in self.nodes if n["stream"] == stream]
 
     def cross_stream_edges(self) -> list[tuple[str, str]]:
+        """``(src, dst)`` of every data edge whose ends run on different streams."""
         return [
             (e["src"], e["dst"])
             for e in self.edges
@@ -116,18 +120,23 @@ class StreamDAGData:
         ]
 
     def to_json(self) -> str:
+        """See :func:`to_json`."""
         return to_json(self)
 
     def to_dot(self, **kwargs) -> str:
+        """See :func:`to_dot`."""
         return to_dot(self, **kwargs)
 
     def view(self, around=None, depth: int = 2, stream: int | None = None, **kwargs) -> DAGView:
+        """See :func:`view`."""
         return view(self, around=around, depth=depth, stream=stream, **kwargs)
 
     def draw(self, path, **kwargs) -> Path:
+        """See :func:`draw`."""
         return draw(self, path, **kwargs)
 
     def summary(self) -> list[dict[str, int]]:
+        """See :func:`summary`."""
         return summary(self)
 
     def _repr_html_(self) -> str:
@@ -141,7 +150,25 @@ class StreamDAGData:
 
 
 def data(dag) -> StreamDAGData:
-    """The snapshot of ``dag`` (a StreamDAG, a GraphModule/Graph, or already a snapshot)."""
+    """The snapshot of ``dag`` (a StreamDAG, a GraphModule/Graph, or already a snapshot).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> d = data(gm)
+    >>> d
+    StreamDAGData(5 nodes, 5 edges, streams [0, 1], 4 hazard(s))
+    >>> d.nodes_on(1), d.cross_stream_edges()
+    (['sin'], [('x_1', 'sin'), ('sin', 'add')])
+    >>> sorted(h.kind for h in d.hazards)
+    ['dealloc', 'entry', 'exit', 'raw']
+    >>> data(d) is d
+    True
+    """
     if isinstance(dag, StreamDAGData):
         return dag
     if isinstance(dag, DAGView):
@@ -219,7 +246,22 @@ def _jsonable(x):
 # JSON
 # ----------------------------------------------------------------------------------------
 def to_json(dag, indent: int | None = None) -> str:
-    """Nodes, edges, streams and hazards as JSON (format ``streampass.dag/1``)."""
+    """Nodes, edges, streams and hazards as JSON (format ``streampass.dag/1``).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> import json
+    >>> doc = json.loads(to_json(gm))
+    >>> doc["format"], doc["streams"], [n["name"] for n in doc["nodes"]]
+    ('streampass.dag/1', [0, 1], ['x_1', 'sin', 'cos', 'add', 'output'])
+    >>> [(e["src"], e["dst"]) for e in doc["edges"] if e["src"] == "sin"]
+    [('sin', 'add')]
+    """
     d = data(dag)
     return json.dumps(
         {
@@ -238,6 +280,23 @@ def from_json(text: str) -> StreamDAGData:
 
     It is a snapshot, not a live :class:`~streampass.dag.StreamDAG`: there is no graph, so no
     vector clocks or ``happens_before``; ``.nx`` has the same nodes, edges and attributes.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> back = from_json(to_json(gm))
+    >>> back == data(gm), back.stream_of("sin"), len(back.hazards)
+    (True, 1, 4)
+    >>> sorted(back.nx.successors("sin"))
+    ['add']
+    >>> from_json('{"format": "other"}')
+    Traceback (most recent call last):
+    ...
+    ValueError: not a streampass DAG JSON document (format 'other', expected 'streampass.dag/1')
     """
     from .verify import Hazard
 
@@ -257,7 +316,18 @@ _RECORD_OPS = {"record_event"}
 
 
 def summary(dag) -> list[dict[str, int]]:
-    """One row per stream: nodes, compute nodes, cross-stream data in/out, records, waits, hazards."""
+    """One row per stream: nodes, compute nodes, cross-stream data in/out, records, waits, hazards.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> summary(gm)[1]
+    {'stream': 1, 'nodes': 1, 'compute': 1, 'cross_in': 1, 'cross_out': 1, 'records': 0, 'waits': 0, 'hazards': 1}
+    """
     d = data(dag)
     rows = {
         s: {"stream": s, "nodes": 0, "compute": 0, "cross_in": 0, "cross_out": 0, "records": 0, "waits": 0, "hazards": 0}
@@ -290,6 +360,20 @@ _SUMMARY_COLS = [
 
 
 def summary_text(dag) -> str:
+    """The per-stream summary (:func:`summary`) as an aligned plain-text table.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> print(summary_text(gm))
+         stream  nodes  compute  cross-stream in  cross-stream out  records  waits  hazards
+    0 (ambient)      4        2                1                 1        0      0        3
+              1      1        1                1                 1        0      0        1
+    """
     rows = summary(dag)
     head = [h for _, h in _SUMMARY_COLS]
     cells = [[str(r[k]) + (" (ambient)" if k == "stream" and r[k] == 0 else "") for k, _ in _SUMMARY_COLS] for r in rows]
@@ -299,7 +383,21 @@ def summary_text(dag) -> str:
 
 
 def summary_table(dag) -> str:
-    """The per-stream summary as an HTML table."""
+    """The per-stream summary as an HTML table.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> html_ = summary_table(gm)
+    >>> html_.startswith('<table class="sp-table">'), html_.count("<tr>")  # header + 2 streams
+    (True, 3)
+    >>> "<td>0 (ambient)</td>" in html_, '<td class="sp-bad">3</td>' in html_
+    (True, True)
+    """
     rows = summary(dag)
     out = ['<table class="sp-table"><thead><tr>']
     out += [f"<th>{html.escape(h)}</th>" for _, h in _SUMMARY_COLS]
@@ -317,7 +415,24 @@ def summary_table(dag) -> str:
 
 
 def hazard_table(hazards, limit: int = 50) -> str:
-    """Hazards as an HTML table (kind, nodes, message)."""
+    """Hazards as an HTML table (kind, nodes, message).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> hazards = sp.verify(gm).hazards
+    >>> table = hazard_table(hazards)
+    >>> table.count('<td class="sp-bad">'), "<code>sin → add</code>" in table
+    (4, True)
+    >>> hazard_table(hazards, limit=1).endswith("<p>… 3 more</p>")
+    True
+    >>> hazard_table([])
+    '<p class="sp-ok">no hazards</p>'
+    """
     hazards = list(hazards)
     if not hazards:
         return '<p class="sp-ok">no hazards</p>'
@@ -517,6 +632,21 @@ def to_dot(dag, **kwargs) -> str:
     edges dashed purple; nodes and edges of a hazard are red with the hazard's message as
     tooltip. Takes the region arguments of :func:`view` (``around``, ``depth``, ``stream``,
     ``nodes``, ``max_nodes``, ``collapse``).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> dot = to_dot(gm)
+    >>> dot.startswith("digraph streampass {"), "subgraph cluster_stream_1 {" in dot
+    (True, True)
+    >>> 'id="sp-sin"' in dot, 'label="raw, dealloc"' in dot  # the node sin, a red hazard edge
+    (True, True)
+    >>> 'label="3 of 5 node(s) drawn (stream 1 and its cross-stream neighbours)"' in to_dot(gm, stream=1)
+    True
     """
     return to_pydot(dag, **kwargs).to_string()
 
@@ -686,7 +816,19 @@ def _render(d: StreamDAGData, sel: _Drawn, fmt: str, engine: str, title: str | N
 
 
 def render_svg(dag, engine: str = "auto", title: str | None = None, **region) -> str:
-    """The DAG (or a region, see :func:`view`) as an SVG document string."""
+    """The DAG (or a region, see :func:`view`) as an SVG document string.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> svg = render_svg(gm, around="sin", depth=1)
+    >>> "<svg" in svg, "sin" in svg, "cos" in svg  # cos is two steps from sin: left out
+    (True, True, False)
+    """
     d = data(dag)
     return _render(d, _select(d, **region), "svg", engine, title).decode()
 
@@ -697,6 +839,24 @@ def draw(dag, path, engine: str = "auto", title: str | None = None, **region) ->
     ``.svg``, ``.png`` (and ``.pdf``) are supported. ``engine``: ``"auto"`` uses Graphviz
     ``dot`` when the binary is installed and a matplotlib swimlane layout otherwise;
     ``"dot"`` or ``"matplotlib"`` force one. Returns the path written.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> import os, shutil, tempfile
+    >>> tmp = tempfile.mkdtemp()
+    >>> path = draw(gm, os.path.join(tmp, "dag.svg"))
+    >>> path.name, path.stat().st_size > 0, "<svg" in path.read_text()
+    ('dag.svg', True, True)
+    >>> draw(gm, os.path.join(tmp, "dag.txt"))
+    Traceback (most recent call last):
+    ...
+    ValueError: draw() writes .svg, .png or .pdf, not 'dag.txt'
+    >>> shutil.rmtree(tmp)
     """
     path = Path(path)
     fmt = path.suffix.lower().lstrip(".")
@@ -881,25 +1041,31 @@ class DAGView:
 
     @property
     def nodes(self) -> list[str]:
+        """Names of the nodes drawn, in issue order."""
         return [n["name"] for n in self._sel.nodes]
 
     @property
     def left_out(self) -> int:
+        """How many nodes of the region did not fit under ``max_nodes``."""
         return self._sel.left_out
 
     @property
     def note(self) -> str:
+        """One line saying what was drawn and what was left out."""
         return self._sel.note
 
     def to_dot(self) -> str:
+        """The region's Graphviz DOT source (see :func:`to_dot`)."""
         return _pydot(self.data, self._sel, self.title).to_string()
 
     def svg(self) -> str:
+        """The region as an SVG document string (rendered once, then cached)."""
         if self._svg is None:
             self._svg = _render(self.data, self._sel, "svg", self.engine, self.title).decode()
         return self._svg
 
     def draw(self, path) -> Path:
+        """Write the region's picture to ``path`` (format from the suffix); returns the path."""
         path = Path(path)
         fmt = path.suffix.lower().lstrip(".")
         path.write_bytes(_render(self.data, self._sel, fmt, self.engine, self.title))
@@ -926,17 +1092,62 @@ def view(dag, around=None, depth: int = 2, stream: int | None = None, **kwargs) 
     graph. ``nodes=[...]`` picks nodes by name. Drawings stop at ``max_nodes`` (250) and say
     how many nodes they left out; ``collapse=False`` also shows ``control_deps`` plumbing.
     ``engine``: ``"auto"``, ``"dot"`` or ``"matplotlib"``.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> v = view(gm, around="sin", depth=1)
+    >>> v.nodes, v.left_out
+    (['x_1', 'sin', 'add'], 0)
+    >>> v
+    DAGView(3 of 5 node(s) drawn (within 1 dependency step(s) of sin))
+    >>> small = view(gm, max_nodes=2)
+    >>> len(small.nodes), small.left_out
+    (2, 3)
+    >>> "sin" in v.to_dot(), "cos" in v.to_dot()
+    (True, False)
     """
     return DAGView(dag, around=around, depth=depth, stream=stream, **kwargs)
 
 
 def repr_svg(dag) -> str:
-    """The whole DAG as SVG, capped at :data:`MAX_NODES` nodes."""
+    """The whole DAG as SVG, capped at :data:`MAX_NODES` nodes.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> svg = repr_svg(gm)
+    >>> "<svg" in svg, all(name in svg for name in ("x_1", "sin", "cos", "add"))
+    (True, True)
+    """
     return view(dag).svg()
 
 
 def repr_html(dag, max_nodes: int = MAX_NODES) -> str:
-    """Notebook display: per-stream summary table, hazards, and a (capped) drawing."""
+    """Notebook display: per-stream summary table, hazards, and a (capped) drawing.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> page = repr_html(gm)
+    >>> page.startswith('<div class="sp-root">'), "4 hazard(s)</span>" in page, "<svg" in page
+    (True, True, True)
+    >>> _ = sp.run(gm)  # adds the syncs in place
+    >>> '<span class="sp-ok">no hazards</span>' in repr_html(gm)
+    True
+    """
     d = data(dag)
     v = view(d, max_nodes=max_nodes)
     hz = d.hazards
@@ -976,6 +1187,14 @@ CSS = """
 
 
 def legend_html() -> str:
+    """The HTML legend of the drawings' edge styles (data, cross-stream, sync, hazard).
+
+    >>> legend = legend_html()
+    >>> legend.startswith('<div class="sp-legend">'), legend.count("<span>")
+    (True, 4)
+    >>> "record → wait (sync)" in legend, "border-top:2px dashed #8a3ab9" in legend
+    (True, True)
+    """
     items = [
         (f"border-top:2px solid {_DATA}", "data"),
         (f"border-top:2px solid {_CROSS}", "cross-stream data"),
@@ -993,7 +1212,11 @@ _SVG_PROLOGUE = re.compile(r"^\s*(<\?xml[^>]*\?>\s*)?(<!DOCTYPE[^>]*>\s*)?(<!--.
 
 
 def inline_svg(svg: str) -> str:
-    """An SVG document with its XML prologue stripped, to embed in HTML."""
+    """An SVG document with its XML prologue stripped, to embed in HTML.
+
+    >>> inline_svg('<?xml version="1.0"?><!DOCTYPE svg><!-- made by dot --><svg/>')
+    '<svg/>'
+    """
     return _SVG_PROLOGUE.sub("", svg, count=1)
 
 
@@ -1005,7 +1228,21 @@ MAX_SLOTS = 4000
 
 def schedule_svg(schedule, max_slots: int = MAX_SLOTS, title: str | None = None) -> str:
     """A Gantt chart of a simulated schedule: one row per stream (and the CPU if it did work),
-    kernels coloured by stream, records green, waits orange, each bar's node as tooltip."""
+    kernels coloured by stream, records green, waits orange, each bar's node as tooltip.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> svg = schedule_svg(sp.simulate(gm))
+    >>> svg.count("<title>"), "<title>sin (sin) on stream 1: kernel, 0.00-5.00 us</title>" in svg
+    (3, True)
+    >>> "stream 0" in svg, "stream 1" in svg
+    (True, True)
+    """
     from matplotlib.figure import Figure
     import matplotlib
 
@@ -1058,7 +1295,22 @@ def schedule_svg(schedule, max_slots: int = MAX_SLOTS, title: str | None = None)
 
 
 def schedule_html(schedule, **kwargs) -> str:
-    """The schedule's summary line and Gantt chart as an HTML fragment (for notebooks/reports)."""
+    """The schedule's summary line and Gantt chart as an HTML fragment (for notebooks/reports).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> schedule = sp.simulate(gm)
+    >>> page = schedule_html(schedule)
+    >>> page.startswith('<div class="sp-root">'), schedule.summary() in page
+    (True, True)
+    >>> "<?xml" in page, "<svg" in page  # the SVG is inlined without its prologue
+    (False, True)
+    """
     return _wrap(
         f'<p class="sp-note">{html.escape(schedule.summary())}</p>'
         f'<div class="sp-svg">{inline_svg(schedule_svg(schedule, **kwargs))}</div>'
