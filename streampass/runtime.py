@@ -124,10 +124,11 @@ def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> 
     >>> gm = make_fx(f)(torch.ones(4))
     >>> _ = sp.run(gm)
     >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> before = dict(table.index_to_external_object_weakref)
     >>> with bind(gm) as t:
-    ...     inside = all(i in table.index_to_external_object_weakref for i in t.entries())
-    >>> inside, any(i in table.index_to_external_object_weakref for i in t.events)
-    (True, False)
+    ...     inside = all(table.index_to_external_object_weakref[i]() is o for i, o in t.entries().items())
+    >>> inside, dict(table.index_to_external_object_weakref) == before
+    (True, True)
     """
     t = getattr(gm, "_streampass_table", None)
     if t is None or (device is not None and torch.device(device) != t.device):
