@@ -451,6 +451,9 @@ class _Planner:
         if len(states) == 1:
             return states
         states.sort(key=lambda t: (t[0], -t[1].total()))
+        best = states[0]
+        if all(best[0] <= st[0] and best[1].dominates(st[1], self._shared) for st in states[1:]):
+            return [best]  # the common case, without rounding every state
         seen = set()
         unique = []
         for st in states:  # equal relevant knowledge: keep the cheapest
