@@ -262,15 +262,6 @@ def _protected(n: torch.fx.Node, a) -> list[str]:
         else:  # an alias (getitem of control_deps): look through it
             stack.extend(u.users)
     pos = a.position or {x: i for i, x in enumerate(a.nodes)}
-    return sorted(dict.fromkeys(out), key=lambda name: pos.get(_by_name(a, name), 0))
+    return sorted(dict.fromkeys(out), key=lambda name: pos.get(a.node_named(name), 0))
 
 
-def _by_name(a, name: str):
-    cache = getattr(a, "_sp_by_name", None)
-    if cache is None:
-        cache = {x.name: x for x in a.nodes}
-        try:
-            a._sp_by_name = cache
-        except AttributeError:  # pragma: no cover
-            pass
-    return cache.get(name)

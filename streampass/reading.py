@@ -59,6 +59,13 @@ class StreamAssignment:
                 out.add(call.args[0])
         return out
 
+    def node_named(self, name: str) -> torch.fx.Node | None:
+        """The node called ``name``, or None (the map is built on first use)."""
+        by_name = self.__dict__.get("_by_name")
+        if by_name is None:
+            by_name = self.__dict__["_by_name"] = {n.name: n for n in self.nodes}
+        return by_name.get(name)
+
     def is_compute(self, node: torch.fx.Node) -> bool:
         """A node that does work on a stream: a call that is not a stream op, an alias or a getitem."""
         return (

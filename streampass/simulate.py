@@ -437,19 +437,13 @@ def _critical_path(a: StreamAssignment, deps, times: dict[Node, float]) -> tuple
     length = sum(g.edges[u, v]["w"] for u, v in zip(path, path[1:]))
     names = [p for p in path if p != src]
     # Drop free (zero-time) nodes at the ends: they add nothing.
-    while names and times.get(_by_name(a, names[0]), 0.0) == 0.0:
+    while names and times.get(a.node_named(names[0]), 0.0) == 0.0:
         names.pop(0)
-    while names and times.get(_by_name(a, names[-1]), 0.0) == 0.0:
+    while names and times.get(a.node_named(names[-1]), 0.0) == 0.0:
         names.pop()
     return length, names
 
 
-def _by_name(a: StreamAssignment, name: str) -> Node | None:
-    cache = getattr(a, "_sim_by_name", None)
-    if cache is None:
-        cache = {n.name: n for n in a.nodes}
-        a._sim_by_name = cache
-    return cache.get(name)
 
 
 def _as_cost(cost) -> CostModel:
