@@ -263,5 +263,3 @@ def _protected(n: torch.fx.Node, a) -> list[str]:
             stack.extend(u.users)
     pos = a.position or {x: i for i, x in enumerate(a.nodes)}
     return sorted(dict.fromkeys(out), key=lambda name: pos.get(a.node_named(name), 0))
-
-
