@@ -67,6 +67,33 @@ def _subgraph_module(node: torch.fx.Node) -> torch.fx.GraphModule | None:
     return None
 
 
+@dataclass(frozen=True)
+class _SubgraphShape:
+    """What a ``control_deps`` subgraph does, computed once per subgraph (they are shared)."""
+
+    placeholders: tuple[torch.fx.Node, ...]
+    stream_op: torch.fx.Node | None  # the first stream op called inside
+    outputs: tuple | None  # the output node's tuple, or None if it returns a single value
+
+
+def _subgraph_shape(node: torch.fx.Node) -> _SubgraphShape | None:
+    sub = _subgraph_module(node)
+    if sub is None:
+        return None
+    graph = sub.graph
+    # Cached on the module; the key notices a graph replaced or grown/shrunk since.
+    key = (id(graph), len(graph.nodes))
+    cached = sub.__dict__.get("_streampass_shape")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    placeholders = tuple(n for n in graph.nodes if n.op == "placeholder")
+    stream_op = next((n for n in graph.nodes if n.op == "call_function" and n.target in STREAM_OPS), None)
+    out = next(n for n in reversed(graph.nodes) if n.op == "output").args[0]
+    shape = _SubgraphShape(placeholders, stream_op, tuple(out) if isinstance(out, (tuple, list)) else None)
+    sub.__dict__["_streampass_shape"] = (key, shape)
+    return shape
+
+
 def as_sync_call(node: torch.fx.Node) -> SyncCall | None:
     """The stream op ``node`` performs, or None if it performs none.
 
@@ -80,15 +107,12 @@ def as_sync_call(node: torch.fx.Node) -> SyncCall | None:
     if node.target in STREAM_OPS:
         return SyncCall(node.target, tuple(node.args), node, None)
     if node.target is CONTROL_DEPS:
-        sub = _subgraph_module(node)
-        if sub is None:
+        shape = _subgraph_shape(node)
+        if shape is None or shape.stream_op is None:
             return None
-        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-        outer = dict(zip(placeholders, node.args[2:]))
-        for inner in sub.graph.nodes:
-            if inner.op == "call_function" and inner.target in STREAM_OPS:
-                args = torch.fx.map_arg(inner.args, lambda a: outer.get(a, a))
-                return SyncCall(inner.target, tuple(args), node, node)
+        outer = dict(zip(shape.placeholders, node.args[2:]))
+        args = torch.fx.map_arg(shape.stream_op.args, lambda a: outer.get(a, a))
+        return SyncCall(shape.stream_op.target, tuple(args), node, node)
     return None
 
 
@@ -102,14 +126,13 @@ def passthrough_source(node: torch.fx.Node) -> torch.fx.Node | None:
     src, idx = node.args
     if not (isinstance(src, torch.fx.Node) and src.target is CONTROL_DEPS and isinstance(idx, int)):
         return None
-    sub = _subgraph_module(src)
-    if sub is None:
+    shape = _subgraph_shape(src)
+    if shape is None or shape.outputs is None or idx >= len(shape.outputs):
         return None
-    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    out = next(n for n in reversed(sub.graph.nodes) if n.op == "output").args[0]
-    if not isinstance(out, (tuple, list)) or idx >= len(out) or out[idx] not in placeholders:
+    out = shape.outputs[idx]
+    if out not in shape.placeholders:
         return None
-    return src.args[2 + placeholders.index(out[idx])]
+    return src.args[2 + shape.placeholders.index(out)]
 
 
 def passthrough_values(wrapper: torch.fx.Node) -> list[torch.fx.Node]:
@@ -128,28 +151,63 @@ def passthrough_values(wrapper: torch.fx.Node) -> list[torch.fx.Node]:
     """
     if wrapper.op != "call_function" or wrapper.target is not CONTROL_DEPS:
         return []
-    sub = _subgraph_module(wrapper)
-    if sub is None:
+    shape = _subgraph_shape(wrapper)
+    if shape is None or shape.outputs is None:
         return []
-    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    out = next(n for n in reversed(sub.graph.nodes) if n.op == "output").args[0]
-    if not isinstance(out, (tuple, list)):
-        return []
-    return [wrapper.args[2 + placeholders.index(o)] for o in out[1:] if o in placeholders]
+    return [wrapper.args[2 + shape.placeholders.index(o)] for o in shape.outputs[1:] if o in shape.placeholders]
 
 
-def mutated_arg_positions(node: torch.fx.Node) -> list[int]:
+@dataclass(frozen=True)
+class _SchemaFacts:
+    """Alias facts of one op's schema (computed once per target: schemas do not change)."""
+
+    writes: tuple[int, ...]  # argument positions the op writes
+    alias_args: tuple[tuple[int, str], ...]  # (position, name) of arguments the output may alias
+    returns_alias: bool  # whether the first return carries an alias annotation
+
+
+_NO_FACTS = _SchemaFacts((), (), False)
+_facts_cache: dict[Any, _SchemaFacts] = {}
+
+
+def _schema_facts(target: Any) -> _SchemaFacts:
+    try:
+        return _facts_cache[target]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable target
+        return _NO_FACTS
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        facts = _NO_FACTS
+    else:
+        writes = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+        ret = schema.returns[0].alias_info if schema.returns else None
+        alias_args: tuple[tuple[int, str], ...] = ()
+        if ret is not None:
+            # A view (`Tensor(a)`) or an in-place op's result (`Tensor(a!)`) is the argument it
+            # aliases. A list of views (`Tensor(a)[]`: split, unbind) exposes no alias set on the
+            # list itself in Python: it aliases the argument that has one.
+            alias_args = tuple(
+                (i, a.name)
+                for i, a in enumerate(schema.arguments)
+                if a.alias_info is not None and (a.alias_info.before_set & ret.before_set or not ret.before_set)
+            )
+        facts = _SchemaFacts(writes, alias_args, ret is not None)
+    _facts_cache[target] = facts
+    return facts
+
+
+def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
     """Positions of the arguments an op writes (from its schema's alias annotations).
 
     >>> g = torch.fx.Graph(); x = g.placeholder("x")
     >>> mutated_arg_positions(g.call_function(torch.ops.aten.copy_.default, (x, x)))
-    [0]
+    (0,)
     """
-    schema = getattr(node.target, "_schema", None)
-    if schema is None or node.op != "call_function":
-        return []
-    return [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-
+    if node.op != "call_function":
+        return ()
+    return _schema_facts(node.target).writes
 
 
 def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -161,29 +219,19 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
     >>> aliases_input(g.call_function(torch.ops.aten.sin.default, (x,))) is None
     True
     """
-    src = passthrough_source(node)
-    if src is not None:
-        return src
-    if node.op == "call_function" and node.target is operator.getitem:
+    if node.op != "call_function":
+        return None
+    if node.target is operator.getitem:
+        src = passthrough_source(node)
+        if src is not None:
+            return src
         # A chunk of split/unbind/chunk (`Tensor(a)[]`) is a view of what the list aliases.
         seq = node.args[0]
-        returns = getattr(getattr(seq, "target", None), "_schema", None)
-        if isinstance(seq, torch.fx.Node) and returns is not None and returns.returns:
-            if returns.returns[0].alias_info is not None:
-                return seq
+        if isinstance(seq, torch.fx.Node) and seq.op == "call_function" and _schema_facts(seq.target).returns_alias:
+            return seq
         return None
-    schema = getattr(node.target, "_schema", None)
-    if node.op != "call_function" or schema is None or not schema.returns:
-        return None
-    ret = schema.returns[0].alias_info
-    if ret is None:
-        return None
-    # A view (`Tensor(a)`) or an in-place op's result (`Tensor(a!)`) is the argument it aliases.
-    # A list of views (`Tensor(a)[]`: split, unbind) exposes no alias set on the list itself
-    # in Python: it aliases the argument that has one.
-    for i, a in enumerate(schema.arguments):
-        if a.alias_info is not None and (a.alias_info.before_set & ret.before_set or not ret.before_set):
-            arg = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
-            if isinstance(arg, torch.fx.Node):
-                return arg
+    for i, name in _schema_facts(node.target).alias_args:
+        arg = node.args[i] if i < len(node.args) else node.kwargs.get(name)
+        if isinstance(arg, torch.fx.Node):
+            return arg
     return None

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch.fx
 
-from . import runtime
+from . import runtime, snapshot
 from .apply import apply_plan
 from .dag import StreamDAG
 from .errors import StreamPassError
@@ -85,14 +84,11 @@ def run(
     before = Report(find_hazards(dag, reqs), dag.streams)
     plan = plan_syncs(assignment, reqs=reqs)
 
-    saved = copy.deepcopy(gm.graph)  # nodes, meta and code generator (pytree signatures)
-    attrs = set(gm._modules)
+    saved = snapshot.take(gm)
     try:
         changed = apply_plan(gm, plan, recompile=recompile)
     except Exception as e:
-        gm.graph = saved
-        for name in set(gm._modules) - attrs:
-            delattr(gm, name)
+        saved.restore()
         gm.recompile()
         if isinstance(e, StreamPassError):
             raise

@@ -183,6 +183,32 @@ def test_internal_failure_restores_the_graph(traced, monkeypatch):
     assert gm.code == code
 
 
+def test_internal_failure_undoes_every_kind_of_edit(traced, monkeypatch):
+    """Re-pointed args, replaced meta, a moved node, a new submodule: all put back."""
+    gm, _ = traced
+    code = gm.code
+    before = [(n.name, n.target, n.args, n.kwargs, dict(n.meta)) for n in gm.graph.nodes]
+    modules = set(gm._modules)
+    from streampass import apply
+
+    def boom(self):
+        nodes = [n for n in self.graph.nodes if n.op == "call_function"]
+        first, last = nodes[0], nodes[-1]
+        new = self.graph.call_function(aten.cos.default, (first,))
+        last.replace_input_with(last.all_input_nodes[0], new)
+        first.meta["custom"] = {"stream": 99}
+        nodes[-1].append(nodes[1])  # move a node
+        self.gm.add_submodule("junk", torch.nn.Linear(1, 1))
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(apply._Editor, "encode", boom)
+    with pytest.raises(sp.StreamPassError, match="restored"):
+        sp.run(gm)
+    assert gm.code == code
+    assert [(n.name, n.target, n.args, n.kwargs, dict(n.meta)) for n in gm.graph.nodes] == before
+    assert set(gm._modules) == modules
+
+
 def test_single_stream_graph_is_left_alone():
     gm = make_fx(lambda x: x.sin() + 1)(torch.ones(3))
     code = gm.code

@@ -1,0 +1,76 @@
+"""A cheap snapshot of a GraphModule, so a failed rewrite can put everything back.
+
+``copy.deepcopy(gm.graph)`` copies every node and its metadata: about as slow as the whole
+pass on a large graph. The rewrite only ever adds nodes and submodules, re-points existing
+nodes' ``target``/``args``/``kwargs`` and replaces entries of their ``meta``. So it is enough
+to remember, per node, those fields (``meta`` as a shallow copy), the node order and the
+submodule names; :meth:`Snapshot.restore` erases whatever node was added, puts every field
+and the order back and drops new submodules. That also undoes a buggy edit made through
+plain FX calls, which is what the all-or-nothing guarantee is for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.fx
+
+
+@dataclass
+class Snapshot:
+    """What :func:`take` saved; :meth:`restore` brings ``gm`` back to it."""
+
+    gm: torch.fx.GraphModule
+    graph: torch.fx.Graph
+    nodes: list[tuple[torch.fx.Node, object, tuple, dict, dict]]
+    modules: frozenset[str]
+
+    def restore(self) -> None:
+        gm, graph = self.gm, self.graph
+        gm.graph = graph  # in case the graph object itself was replaced
+        kept = {node for node, *_ in self.nodes}
+        added = [n for n in graph.nodes if n not in kept]
+        for node, target, args, kwargs, meta in self.nodes:
+            if node.target is not target:
+                node.target = target
+            if node.args is not args:
+                node.args = args
+            if node.kwargs is not kwargs:
+                node.kwargs = kwargs
+            node.meta = meta
+        # New nodes may use each other in any order: cut their inputs, then erase them.
+        for node in added:
+            node.args, node.kwargs = (), {}
+        for node in added:
+            graph.erase_node(node)
+        prev = graph._root
+        for node, *_ in self.nodes:
+            if node.prev is not prev:
+                prev.append(node)
+            prev = node
+        for name in set(gm._modules) - self.modules:
+            delattr(gm, name)
+
+
+def take(gm: torch.fx.GraphModule) -> Snapshot:
+    """Remember what a rewrite of ``gm`` may change.
+
+    >>> import torch
+    >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    >>> code, snap = gm.code, take(gm)
+    >>> add = next(n for n in gm.graph.nodes if n.op == "call_function")
+    >>> with gm.graph.inserting_after(add):
+    ...     extra = gm.graph.call_function(torch.neg, (add,))
+    >>> _ = add.replace_all_uses_with(extra, lambda user: user is not extra)
+    >>> _ = gm.recompile()
+    >>> snap.restore(); _ = gm.recompile()
+    >>> gm.code == code
+    True
+    """
+    graph = gm.graph
+    return Snapshot(
+        gm,
+        graph,
+        [(n, n.target, n.args, n.kwargs, dict(n.meta)) for n in graph.nodes],
+        frozenset(gm._modules),
+    )
