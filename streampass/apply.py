@@ -119,6 +119,7 @@ class _Editor:
         index = self.index
         index.update((n, i) for i, n in enumerate(order))
         gates = {self.gate_node.get(g, g): g for g in set(self.plan.protect) | set(self.plan.keepalive)}
+        rewires = self._rewires(order, index, gates)
 
         pending: dict[int, list[Node]] = {}  # per stream: work since its last sync
         last_sync: dict[int, Node] = {}
@@ -138,27 +139,60 @@ class _Editor:
             elif call.target is ops.WAIT_STREAM:
                 other = call.args[1]
                 deps += pending.get(other, []) + ([last_sync[other]] if other in last_sync else [])
+            mine = rewires.get(n, [])
+            passthrough = list(dict.fromkeys(inp for _, inp in mine))
             gate = gates.get(n)
-            passthrough, rewires = self._passthrough(n, gate, index) if gate is not None else ([], [])
-            last_sync[s] = self._wrap(n, call, deps, passthrough, rewires)
+            for value in self.plan.keepalive.get(gate, ()) if gate is not None else ():
+                if value not in passthrough and index[value] < index[n]:
+                    passthrough.append(value)
+            last_sync[s] = self._wrap(n, call, deps, passthrough, mine)
             if call.target is ops.RECORD_EVENT:
                 last_record[call.args[0]] = last_sync[s]
 
-    def _passthrough(self, sync: Node, gate, index) -> tuple[list[Node], list[tuple[Node, Node]]]:
-        """Tensors to thread through ``sync`` and the (user, input) uses to read them from it."""
-        passthrough: list[Node] = []
-        rewires: list[tuple[Node, Node]] = []
-        for consumer, value in self.plan.protect.get(gate, ()):
-            if value is None:
+    def _rewires(self, order: list[Node], index, gates) -> dict[Node, list[tuple[Node, Node]]]:
+        """sync node -> the uses ``(user, input)`` to read through it.
+
+        A consumer that must follow waits of its stream reads one protected value through
+        the latest of them: the per-stream chain orders that wait after the earlier ones. It
+        reads nothing through a wait at all when one of its inputs on the same stream is
+        already ordered after that wait. ``after[n]`` is the position, among the syncs of
+        ``n``'s stream, of the latest sync ``n`` is ordered after through same-stream data.
+        """
+        needs: dict[Node, list[tuple[Node, Node]]] = {}  # consumer -> [(sync node, value)]
+        for sync, gate in gates.items():
+            for consumer, value in self.plan.protect.get(gate, ()):
+                if value is not None:
+                    needs.setdefault(consumer, []).append((sync, value))
+        stream = self.stream
+        chain: dict[Node, int] = {}
+        count: dict[int, int] = {}
+        after: dict[Node, int] = {}
+        out: dict[Node, list[tuple[Node, Node]]] = {}
+        for n in order:
+            s = stream.get(n, AMBIENT)
+            call = ops.as_sync_call(n) if n.op == "call_function" else None
+            if call is not None and call.target in WRAPPABLE:
+                count[s] = chain[n] = after[n] = count.get(s, 0) + 1
                 continue
-            for user, inp in self._uses_to_gate(consumer, value, sync, index):
-                if inp not in passthrough:
-                    passthrough.append(inp)
-                rewires.append((user, inp))
-        for value in self.plan.keepalive.get(gate, ()):
-            if value not in passthrough and index[value] < index[sync]:
-                passthrough.append(value)
-        return passthrough, rewires
+            base = 0
+            for x in n.all_input_nodes:
+                if stream.get(x, AMBIENT) == s:
+                    base = max(base, after.get(x, 0))
+            for sync, value in sorted(needs.get(n, ()), key=lambda p: -chain[p[0]]):
+                k = chain[sync]
+                if k <= base and stream.get(sync) == s:
+                    continue
+                uses = self._uses_to_gate(n, value, sync, index)
+                if not uses:
+                    continue
+                for user, inp in uses:
+                    out.setdefault(sync, []).append((user, inp))
+                    if stream.get(user, AMBIENT) == s:
+                        after[user] = max(after.get(user, 0), k)
+                if stream.get(sync) == s:
+                    base = max(base, k)
+            after[n] = base
+        return out
 
     def _uses_to_gate(self, consumer: Node, value: Node, sync: Node, index) -> list[tuple[Node, Node]]:
         """The uses (user, input) on ``consumer``'s path to ``value`` that must go through ``sync``.
