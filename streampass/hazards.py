@@ -130,47 +130,76 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
     """
     reqs: list[Requirement] = []
     last_writer: dict[Node, Node] = {}
-    reads_since_write: dict[Node, list[Node]] = defaultdict(list)
     cross: dict[Node, CrossStreamValue] = {}
     last_on: dict[int, Node] = {}
-    s_of = a.stream
+    s_of, root, compute = a.stream, a.root, a.compute
+    tensor: dict[Node, bool] = {}  # is_tensor_value, once per node
 
-    def need(kind: str, before: Node, after: Node, value: Node | None) -> None:
-        if s_of[before] != s_of[after]:
-            reqs.append(Requirement(kind, before, after, value))
+    # A functional graph writes nothing: only track reads for the storages some node writes.
+    writes = {n: writes_of(a, n) for n in compute if _writes_anything(n)}
+    written = {r for ws in writes.values() for r in ws}
+    reads_since_write: dict[Node, list[Node]] = {r: [] for r in written}
+
+    def reads(node: Node) -> list[Node]:
+        out: list[Node] = []
+        for inp in node.all_input_nodes:
+            t = tensor.get(inp)
+            if t is None:
+                t = tensor[inp] = inp.target is not ops.CONTROL_DEPS and is_tensor_value(inp)
+            if t:
+                r = root[inp]
+                if r not in out:
+                    out.append(r)
+        return out
 
     for node in a.nodes:
-        if node.op in ("placeholder", "get_attr"):
+        op = node.op
+        if op == "placeholder" or op == "get_attr":
             last_writer[node] = node
             continue
         s = s_of[node]
-        if node.op == "output":
-            for r in reads_of(a, node):
-                need("exit", last_writer.get(r, r), node, r)
+        if op == "output":
+            for r in reads(node):
+                w = last_writer.get(r, r)
+                if s_of[w] != s:
+                    reqs.append(Requirement("exit", w, node, r))
             for t, last in last_on.items():
                 if t != AMBIENT:
                     reqs.append(Requirement("exit", last, node, None))
             continue
-        if a.is_compute(node):
-            last_on[s] = node
-        writes = writes_of(a, node)
-        for r in reads_of(a, node):
+        if node not in compute:
+            continue
+        last_on[s] = node
+        mine = writes.get(node, ())
+        for r in reads(node):
             w = last_writer.get(r, r)
-            if r not in writes:
-                need("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r)
+            if r in mine:
+                continue
+            if s_of[w] != s:
+                reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r))
+            if r in reads_since_write:
                 reads_since_write[r].append(node)
-            if r.op == "call_function" and s_of[r] != s and r not in writes:
-                cross.setdefault(r, CrossStreamValue(r, s_of[r])).readers.setdefault(s, []).append(node)
-        for r in writes:
+            if s_of[r] != s and r.op == "call_function":
+                cv = cross.get(r)
+                if cv is None:
+                    cv = cross[r] = CrossStreamValue(r, s_of[r])
+                cv.readers.setdefault(s, []).append(node)
+        for r in mine:
             w = last_writer.get(r, r)
-            need("entry" if w.op in ("placeholder", "get_attr") else "waw", w, node, r)
+            if s_of[w] != s:
+                reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "waw", w, node, r))
             for reader in reads_since_write[r]:
-                need("war", reader, node, r)
+                if s_of[reader] != s:
+                    reqs.append(Requirement("war", reader, node, r))
             reads_since_write[r] = []
             last_writer[r] = node
-        if a.is_compute(node) and is_tensor_value(node) and a.root[node] is node:
-            last_writer.setdefault(node, node)
+        if root[node] is node and node not in last_writer and is_tensor_value(node):
+            last_writer[node] = node
 
-    outputs = {a.root[x] for n in a.nodes if n.op == "output" for x in n.all_input_nodes}
+    outputs = {root[x] for n in a.nodes if n.op == "output" for x in n.all_input_nodes}
     values = [c for v, c in cross.items() if v not in outputs]
     return reqs, values
+
+
+def _writes_anything(node: Node) -> bool:
+    return bool(ops.mutated_arg_positions(node))

@@ -36,6 +36,9 @@ SYNC_TARGETS = frozenset(
     {RECORD_EVENT, WAIT_EVENT, WAIT_STREAM, SYNC_EVENT, SYNC_STREAM, SYNC_DEVICE, RECORD_STREAM, SYNC_DEALLOC}
 )
 STREAM_OPS = SYNC_TARGETS | {FORK, JOIN}
+# OpOverload.__hash__ is Python code; graph-wide scans test membership by id instead. The ops
+# live as long as the process, so no other object can share their ids.
+_STREAM_OP_IDS = frozenset(id(t) for t in STREAM_OPS)
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def _subgraph_shape(node: torch.fx.Node) -> _SubgraphShape | None:
     if cached is not None and cached[0] == key:
         return cached[1]
     placeholders = tuple(n for n in graph.nodes if n.op == "placeholder")
-    stream_op = next((n for n in graph.nodes if n.op == "call_function" and n.target in STREAM_OPS), None)
+    stream_op = next((n for n in graph.nodes if n.op == "call_function" and id(n.target) in _STREAM_OP_IDS), None)
     out = next(n for n in reversed(graph.nodes) if n.op == "output").args[0]
     shape = _SubgraphShape(placeholders, stream_op, tuple(out) if isinstance(out, (tuple, list)) else None)
     sub.__dict__["_streampass_shape"] = (key, shape)
@@ -104,7 +107,7 @@ def as_sync_call(node: torch.fx.Node) -> SyncCall | None:
     """
     if node.op != "call_function":
         return None
-    if node.target in STREAM_OPS:
+    if id(node.target) in _STREAM_OP_IDS:
         return SyncCall(node.target, tuple(node.args), node, None)
     if node.target is CONTROL_DEPS:
         shape = _subgraph_shape(node)
@@ -167,34 +170,31 @@ class _SchemaFacts:
 
 
 _NO_FACTS = _SchemaFacts((), (), False)
-_facts_cache: dict[Any, _SchemaFacts] = {}
+# Keyed by id (see _STREAM_OP_IDS); the entry holds the target so its id stays unique.
+_facts_cache: dict[int, tuple[Any, _SchemaFacts]] = {}
 
 
 def _schema_facts(target: Any) -> _SchemaFacts:
-    try:
-        return _facts_cache[target]
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable target
-        return _NO_FACTS
+    hit = _facts_cache.get(id(target))
+    if hit is not None and hit[0] is target:
+        return hit[1]
     schema = getattr(target, "_schema", None)
     if schema is None:
-        facts = _NO_FACTS
-    else:
-        writes = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
-        ret = schema.returns[0].alias_info if schema.returns else None
-        alias_args: tuple[tuple[int, str], ...] = ()
-        if ret is not None:
-            # A view (`Tensor(a)`) or an in-place op's result (`Tensor(a!)`) is the argument it
-            # aliases. A list of views (`Tensor(a)[]`: split, unbind) exposes no alias set on the
-            # list itself in Python: it aliases the argument that has one.
-            alias_args = tuple(
-                (i, a.name)
-                for i, a in enumerate(schema.arguments)
-                if a.alias_info is not None and (a.alias_info.before_set & ret.before_set or not ret.before_set)
-            )
-        facts = _SchemaFacts(writes, alias_args, ret is not None)
-    _facts_cache[target] = facts
+        return _NO_FACTS  # not cached: plain Python targets can be short-lived
+    writes = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+    ret = schema.returns[0].alias_info if schema.returns else None
+    alias_args: tuple[tuple[int, str], ...] = ()
+    if ret is not None:
+        # A view (`Tensor(a)`) or an in-place op's result (`Tensor(a!)`) is the argument it
+        # aliases. A list of views (`Tensor(a)[]`: split, unbind) exposes no alias set on the
+        # list itself in Python: it aliases the argument that has one.
+        alias_args = tuple(
+            (i, a.name)
+            for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and (a.alias_info.before_set & ret.before_set or not ret.before_set)
+        )
+    facts = _SchemaFacts(writes, alias_args, ret is not None)
+    _facts_cache[id(target)] = (target, facts)
     return facts
 
 

@@ -45,6 +45,7 @@ class StreamAssignment:
     root: dict[torch.fx.Node, torch.fx.Node]
     external_events: frozenset[int] = frozenset()
     position: dict[torch.fx.Node, int] = field(default_factory=dict)
+    compute: frozenset[torch.fx.Node] = frozenset()
 
     @property
     def streams(self) -> list[int]:
@@ -67,13 +68,17 @@ class StreamAssignment:
         return by_name.get(name)
 
     def is_compute(self, node: torch.fx.Node) -> bool:
-        """A node that does work on a stream: a call that is not a stream op, an alias or a getitem."""
-        return (
-            node.op in ("call_function", "call_method", "call_module")
-            and node not in self.syncs
-            and not _is_passthrough_getitem(node)
-            and node.target is not ops.CONTROL_DEPS
-        )
+        """A node that does work on a stream: a call that is not a stream op or a passthrough getitem."""
+        return node in self.compute
+
+
+def _is_compute(node: torch.fx.Node, syncs) -> bool:
+    return (
+        node.op in ("call_function", "call_method", "call_module")
+        and node not in syncs
+        and not _is_passthrough_getitem(node)
+        and node.target is not ops.CONTROL_DEPS
+    )
 
 
 def _is_passthrough_getitem(node: torch.fx.Node) -> bool:
@@ -225,6 +230,7 @@ def read_streams(
         root=_storage_roots(nodes),
         external_events=external,
         position={n: i for i, n in enumerate(nodes)},
+        compute=frozenset(n for n in nodes if _is_compute(n, syncs)),
     )
     # Streams and events are looked up in one object table: one index cannot be both.
     clash = assignment.events() & set(stream.values())
