@@ -26,6 +26,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from . import ops
 from .annotate import AMBIENT
+from .errors import StreamPassError
 from .plan import SyncPlan
 
 Node = torch.fx.Node
@@ -69,6 +70,7 @@ class _Editor:
         self.subgraphs: dict[tuple, Node] = {}
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.calls: dict[Node, ops.SyncCall] = dict(self.a.syncs)  # every stream op, new ones too
+        self.edited: list[Node] = []  # nodes made or given new inputs, for check_order
         self.changed = False
 
     def _call(self, target, args: tuple) -> Node:
@@ -76,6 +78,7 @@ class _Editor:
         raw SymInts (ours are ints and nodes): that scan was a tenth of the rewrite's time."""
         node = self.graph.create_node("call_function", target, (), name=_NAMES[target])
         node.args = args
+        self.edited.append(node)
         return node
 
     # -- 1. insert the new plain sync nodes -------------------------------------------------
@@ -241,6 +244,7 @@ class _Editor:
             if missing or new_pass:
                 all_pass = old_pass + new_pass
                 wrapped.args = (tuple(wrapped.args[0]) + tuple(missing), self._subgraph(call, len(all_pass)), *call.args, *all_pass)
+                self.edited.append(wrapped)
                 self.changed = True
             self._reroute(wrapped, ops.passthrough_values(wrapped), rewires)
             return wrapped
@@ -248,6 +252,7 @@ class _Editor:
         getter = self._subgraph(call, len(passthrough))
         sync.target = ops.CONTROL_DEPS
         sync.args = (tuple(deps), getter, *call.args, *passthrough)
+        self.edited.append(sync)
         self.changed = True
         self._reroute(sync, passthrough, rewires)
         return sync
@@ -287,7 +292,20 @@ class _Editor:
                 outs[inp] = g
                 last = g
             user.replace_input_with(inp, outs[inp])
+            self.edited.append(user)
             self.changed = True
+
+
+    def check_order(self) -> None:
+        """Every node the rewrite made or re-pointed comes after its inputs.
+
+        What ``Graph.lint`` would catch of our own edits, in time proportional to them (lint
+        re-checks the whole graph: 6% of the pass on 16k nodes)."""
+        pos = {n: i for i, n in enumerate(self.graph.nodes)}
+        for n in self.edited:
+            for x in n.all_input_nodes:
+                if pos.get(x, len(pos)) >= pos[n]:
+                    raise StreamPassError(f"internal error: the rewrite made {n.name} read {x.name} before it is defined", n.name)
 
 
 def free_attr(gm: torch.nn.Module, base: str) -> str:
@@ -320,7 +338,7 @@ def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True)
     editor.normalize_streams()
     editor.encode()
     if editor.changed:
-        gm.graph.lint()
+        editor.check_order()
         if recompile:
             gm.recompile()
     return editor.changed

@@ -209,6 +209,24 @@ def test_internal_failure_undoes_every_kind_of_edit(traced, monkeypatch):
     assert set(gm._modules) == modules
 
 
+def test_rewrite_that_breaks_the_order_is_caught_and_undone(traced, monkeypatch):
+    gm, _ = traced
+    code = gm.code
+    from streampass import apply
+
+    encode = apply._Editor.encode
+
+    def misplace(self):
+        encode(self)
+        victim = next(n for n in self.edited if n.all_input_nodes)
+        next(iter(self.graph.nodes)).prepend(victim)  # now before its own inputs
+
+    monkeypatch.setattr(apply._Editor, "encode", misplace)
+    with pytest.raises(sp.StreamPassError, match="before it is defined"):
+        sp.run(gm)
+    assert gm.code == code
+
+
 def test_single_stream_graph_is_left_alone():
     gm = make_fx(lambda x: x.sin() + 1)(torch.ones(3))
     code = gm.code
