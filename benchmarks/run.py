@@ -12,6 +12,10 @@ They only touch nodes tagged ``partitioner_tag="is_backward"`` and ask the accel
 current stream of any node without an explicit ``custom.stream``, so every node is tagged and
 every call node annotated (stream 0 where it had none) before either pass runs; streampass
 reads the same graphs. Each measurement runs on a fresh deep copy; copying is not timed.
+
+Graphs are ``_LazyGraphModule``s, the class aot_autograd and inductor give their passes: both
+passes end in ``gm.recompile()``, which then only marks the Python code stale instead of
+regenerating it (code neither compiler runs). The collector stays on, as in real use.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 import streampass as sp
 from streampass import ops
@@ -102,57 +107,69 @@ def run_sp(gm):
     sp.run(gm)
 
 
-# -- (a) + (b): synthetic graphs --------------------------------------------------------------------
+def run_sp_unchecked(gm):
+    sp.run(gm, check=False)
 
 
-def bench_synthetic(sizes, repeats, seed=0, torch_max=None, log=print) -> list[dict]:
+# Two families of random 4-stream graphs (streampass.synthetic.random_stream_graph), told apart
+# by how long a stretch of consecutive ops stays on one stream (uniform in 1..run_length):
+#   regions      1-32 ops per stretch, like `with stream(k):` blocks around a few layers;
+#   interleaved  1-4 ops per stretch: the stream changes every 2.5 ops on average, the
+#                adversarial case where almost every edge crosses streams.
+FAMILIES = {"regions": 32, "interleaved": 4}
+
+
+def lazy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The module class aot_autograd and inductor hand to graph passes (`recompile()` only marks
+    the code stale), so neither pass's time includes regenerating Python code it never runs."""
+    return _LazyGraphModule(gm, gm.graph)
+
+
+def synthetic_graph(n: int, family: str, seed: int) -> torch.fx.GraphModule:
+    g = random_stream_graph(n, 4, seed=seed, inplace=0.0, copy_epilogue=False, run_length=FAMILIES[family])
+    return lazy(tag_for_torch(g))
+
+
+def bench_synthetic(sizes, repeats, seed=0, torch_max=None, families=tuple(FAMILIES), log=print) -> list[dict]:
     torch_run = torch_passes()
-    warm = tag_for_torch(random_stream_graph(200, 4, seed=seed + 1, inplace=0.0, copy_epilogue=False))
-    for fn in (run_sp, torch_run):  # lazy imports and first-call costs are not measured
-        fn(copy.deepcopy(warm))
+    passes = {"streampass": run_sp, "streampass_unchecked": run_sp_unchecked, "torch": torch_run}
+    for fn in passes.values():  # lazy imports and first-call costs are not measured
+        fn(synthetic_graph(200, "interleaved", seed + 1))
     rows = []
-    for n in sizes:
-        t = time.perf_counter()
-        template = tag_for_torch(random_stream_graph(n, 4, seed=seed, inplace=0.0, copy_epilogue=False))
-        gen = time.perf_counter() - t
-        base = sync_counts(template)
-        before = sp.verify(template).by_kind()
-        sp_times, torch_times = [], []
-        sp_gm = torch_gm = None
-        do_torch = torch_max is None or n <= torch_max
-        for _ in range(repeats):  # side by side: alternate the two passes
-            sp_gm = torch_gm = None
-            g = copy.deepcopy(template)
-            sp_times.append(timed(run_sp, g))
-            sp_gm = g
-            if do_torch:
-                g = copy.deepcopy(template)
-                torch_times.append(timed(torch_run, g))
-                torch_gm = g
-        row = {
-            "nodes": n,
-            "graph_nodes": len(template.graph.nodes),
-            "generate_s": gen,
-            "hazards_before": before,
-            "streampass": {
-                "times_s": sp_times,
-                "median_s": statistics.median(sp_times),
-                **added(base, sync_counts(sp_gm)),
-                "races_left": sp.verify(sp_gm).by_kind(),
-            },
-        }
-        if do_torch:
-            row["torch"] = {
-                "times_s": torch_times,
-                "median_s": statistics.median(torch_times),
-                **added(base, sync_counts(torch_gm)),
-                "races_left": sp.verify(torch_gm).by_kind(),
-            }
-            row["speedup"] = row["torch"]["median_s"] / row["streampass"]["median_s"]
-        log(f"  {n:>6} nodes: streampass {row['streampass']['median_s']:.3f} s"
-            + (f", torch {row['torch']['median_s']:.3f} s ({row['speedup']:.1f}x)" if do_torch else ""))
-        rows.append(row)
-        del sp_gm, torch_gm, template
+    for family in families:
+        for n in sizes:
+            t = time.perf_counter()
+            template = synthetic_graph(n, family, seed)
+            gen = time.perf_counter() - t
+            nodes = len(template.graph.nodes)
+            base = sync_counts(template)
+            before = sp.verify(template).by_kind()
+            names = [k for k in passes if k != "torch" or torch_max is None or n <= torch_max]
+            times: dict[str, list[float]] = {k: [] for k in names}
+            out: dict[str, torch.fx.GraphModule] = {}
+            for _ in range(repeats):  # side by side: alternate the passes
+                for name in names:
+                    out.pop(name, None)
+                    g = copy.deepcopy(template)
+                    times[name].append(timed(passes[name], g))
+                    out[name] = g
+            row = {"family": family, "run_length": FAMILIES[family], "nodes": n, "graph_nodes": nodes,
+                   "generate_s": gen, "hazards_before": before}
+            for name in names:
+                row[name] = {
+                    "times_s": times[name],
+                    "median_s": statistics.median(times[name]),
+                    "node_growth": len(out[name].graph.nodes) / nodes,
+                    **added(base, sync_counts(out[name])),
+                    "races_left": sp.verify(out[name]).by_kind(),
+                }
+            if "torch" in row:
+                row["speedup"] = row["torch"]["median_s"] / row["streampass"]["median_s"]
+                row["speedup_unchecked"] = row["torch"]["median_s"] / row["streampass_unchecked"]["median_s"]
+            log(f"  {family:>11} {n:>6} nodes: streampass {row['streampass']['median_s']:.3f} s"
+                + (f", torch {row['torch']['median_s']:.3f} s ({row['speedup']:.1f}x)" if "torch" in row else ""))
+            rows.append(row)
+            del out, template
     return rows
 
 
@@ -178,7 +195,7 @@ def bench_blocks(repeats, small=False, log=print, trace_dir=None) -> list[dict]:
         m, x = bench_models.model_inputs(model, small=small)
         graphs = bench_models.capture_fw_bw(m, x)
         for part, gm in graphs.items():
-            template = tag_for_torch(gm)
+            template = lazy(tag_for_torch(gm))
             base = sync_counts(template)
             row = {
                 "graph": f"{model} {part}",
@@ -256,27 +273,31 @@ def markdown(result: dict) -> str:
                f"Python {m['python']}, torch {m['torch']}, networkx {m['networkx']}. "
                f"Command: `{result['command']}`.\n")
     syn = result["synthetic"]
-    out.append("#### Pass time, random 4-stream graphs (median of "
+    out.append("#### Pass time and node growth, random 4-stream graphs (median of "
                f"{len(syn[0]['streampass']['times_s'])}; fresh copy per run)\n")
-    out.append("| nodes | streampass.run | torch insert_backward_syncs + wrap | torch / streampass |")
-    out.append("|---:|---:|---:|---:|")
+    out.append("| family | nodes | streampass.run | run(check=False) | torch insert_backward_syncs + wrap "
+               "| torch / run | torch / run(check=False) | node growth: streampass / torch |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in syn:
-        t = r.get("torch")
-        out.append(f"| {r['nodes']:,} | {r['streampass']['median_s']:.3f} s | "
-                   + (f"{t['median_s']:.3f} s | **{r['speedup']:.1f}x** |" if t else "not run | |"))
+        s, u, t = r["streampass"], r["streampass_unchecked"], r.get("torch")
+        out.append(f"| {r['family']} | {r['nodes']:,} | {s['median_s']:.3f} s | {u['median_s']:.3f} s | "
+                   + (f"{t['median_s']:.3f} s | **{r['speedup']:.1f}x** | {r['speedup_unchecked']:.1f}x | "
+                      f"{s['node_growth']:.2f}x / {t['node_growth']:.2f}x |" if t else
+                      f"not run | | | {s['node_growth']:.2f}x / |"))
     g = result.get("growth")
     if g:
         out.append("")
-        out.append("Time growth for 4x the nodes: " + "; ".join(
-            f"{k}: streampass {v['streampass']:.2f}x" + (f", torch {v['torch']:.2f}x" if v.get("torch") else "")
-            for k, v in g.items()) + ".")
+        for family, steps in g.items():
+            out.append(f"Time growth for 4x the nodes ({family}): " + "; ".join(
+                f"{k}: streampass {v['streampass']:.2f}x" + (f", torch {v['torch']:.2f}x" if v.get("torch") else "")
+                for k, v in steps.items()) + ".")
     out.append("\n#### Syncs added and races left (`streampass.verify` on each result)\n")
-    out.append("| nodes | hazards before | streampass: records / waits | races left | "
+    out.append("| family | nodes | hazards before | streampass: records / waits | races left | "
                "torch: records / waits | races left |")
-    out.append("|---:|---|---:|---|---:|---|")
+    out.append("|---|---:|---|---:|---|---:|---|")
     for r in syn:
         s, t = r["streampass"], r.get("torch")
-        out.append(f"| {r['nodes']:,} | {races(r['hazards_before'])} | {s['records']} / {s['waits']} | "
+        out.append(f"| {r['family']} | {r['nodes']:,} | {races(r['hazards_before'])} | {s['records']} / {s['waits']} | "
                    f"{races(s['races_left'])} | "
                    + (f"{t['records']} / {t['waits']} | {races(t['races_left'])} |" if t else "| |"))
     out.append("\n#### Traced blocks (aot_function forward and backward), H100 profile\n")
@@ -303,14 +324,18 @@ def markdown(result: dict) -> str:
 
 
 def growth(rows) -> dict:
-    by = {r["nodes"]: r for r in rows}
-    out = {}
-    for lo, hi in ((16000, 64000), (4000, 16000), (1000, 4000)):
-        if lo in by and hi in by:
-            g = {"streampass": by[hi]["streampass"]["median_s"] / by[lo]["streampass"]["median_s"]}
-            if "torch" in by[hi] and "torch" in by[lo]:
-                g["torch"] = by[hi]["torch"]["median_s"] / by[lo]["torch"]["median_s"]
-            out[f"{hi // 1000}k/{lo // 1000}k"] = g
+    out: dict[str, dict] = {}
+    for family in dict.fromkeys(r["family"] for r in rows):
+        by = {r["nodes"]: r for r in rows if r["family"] == family}
+        steps = {}
+        for lo, hi in ((16000, 64000), (4000, 16000), (1000, 4000)):
+            if lo in by and hi in by:
+                g = {"streampass": by[hi]["streampass"]["median_s"] / by[lo]["streampass"]["median_s"]}
+                if "torch" in by[hi] and "torch" in by[lo]:
+                    g["torch"] = by[hi]["torch"]["median_s"] / by[lo]["torch"]["median_s"]
+                steps[f"{hi // 1000}k/{lo // 1000}k"] = g
+        if steps:
+            out[family] = steps
     return out
 
 
@@ -320,6 +345,8 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", type=int, nargs="*", help="node counts (default 1000 4000 16000 64000)")
     p.add_argument("--repeats", type=int, help="measurements per size (default 3, quick 1)")
     p.add_argument("--torch-max", type=int, default=None, help="skip torch's pass above this size")
+    p.add_argument("--families", nargs="*", choices=list(FAMILIES), default=list(FAMILIES),
+                   help="which random-graph families to run (default: all)")
     p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/<quick|full>.json)")
     p.add_argument("--traces", type=Path, help="also write Chrome traces of the traced blocks here")
     args = p.parse_args(argv)
@@ -332,7 +359,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     log("synthetic graphs:")
-    syn = bench_synthetic(sizes, repeats, torch_max=args.torch_max, log=log)
+    syn = bench_synthetic(sizes, repeats, torch_max=args.torch_max, families=args.families, log=log)
     log("traced blocks:")
     if args.traces:
         args.traces.mkdir(parents=True, exist_ok=True)
@@ -340,7 +367,8 @@ def main(argv=None) -> int:
     result = {
         "command": " ".join(["python benchmarks/run.py", *(["--quick"] if args.quick else []),
                              *([f"--repeats {args.repeats}"] if args.repeats else []),
-                             *([f"--sizes {' '.join(map(str, args.sizes))}"] if args.sizes else [])]),
+                             *([f"--sizes {' '.join(map(str, args.sizes))}"] if args.sizes else []),
+                             *([f"--families {' '.join(args.families)}"] if args.families != list(FAMILIES) else [])]),
         "machine": machine(),
         "synthetic": syn,
         "growth": growth(syn),
