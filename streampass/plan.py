@@ -40,6 +40,7 @@ Node = torch.fx.Node
 
 #: Most states the search keeps per step; past it the plan is still valid, just not proven minimal.
 FRONTIER_LIMIT = 256
+PRUNE_EVERY = 64  # demands between prunes of a frontier that did not change
 
 
 @dataclass(eq=False)
@@ -412,7 +413,7 @@ class _Planner:
         for n in self.a.nodes:
             counts[self.slot[self.a.stream[n]]] += 1
         still = _StillNeeded(counts, [item for kind, item in events if kind == "demand"])
-        k = 0
+        k = pruned = 0
         frontier: list[tuple[int, _Clocks, tuple]] = [(0, self._fresh(), ())]
         self._shared = [1] * len(self.streams)  # history entries all states have in common
         for kind, item in events:
@@ -425,11 +426,13 @@ class _Planner:
                 continue
             grown = []
             b = item.stream
+            moved = False
             for cost, clk, hist in frontier:
                 unmet = self._unmet(clk, issued, item)
                 if not unmet:
                     grown.append((cost, clk, (hist, ())))
                     continue
+                moved = True
                 options = self._options(clk, issued, item, unmet)
                 for combo, joined in options:
                     nxt = clk.copy() if len(options) > 1 else clk
@@ -437,7 +440,13 @@ class _Planner:
                     grown.append((cost + len(combo), nxt, (hist, combo)))
             still.done(k)
             k += 1
-            frontier = self._prune(grown, still)
+            if moved or len(grown) == 1 or k - pruned >= PRUNE_EVERY:
+                frontier = self._prune(grown, still)
+                pruned = k
+            else:
+                # No state changed, so none newly dominates another; only retired positions
+                # could make two equal, and that can wait (extra states never change the optimum).
+                frontier = grown
             if len(frontier) == 1:
                 self._shared = [len(h) for h in frontier[0][1].hpos]
         best = min(frontier, key=lambda t: t[0])[2]
