@@ -198,11 +198,12 @@ class _Editor:
                 uses = self._uses_to_gate(n, value, sync, index)
                 if not uses:
                     continue
+                same = stream.get(sync) == s  # (a gate is a wait of its consumer's stream)
                 for user, inp in uses:
                     out.setdefault(sync, []).append((user, inp))
-                    if stream.get(user, AMBIENT) == s:
+                    if same and stream.get(user, AMBIENT) == s:
                         after[user] = max(after.get(user, 0), k)
-                if stream.get(sync) == s:
+                if same:
                     base = max(base, k)
             after[n] = base
         return out
