@@ -129,6 +129,8 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
     [('sin', 1, [0])]
     """
     reqs: list[Requirement] = []
+    # Only storages something writes ever get a writer other than their maker; everything
+    # else is "written" by the node that made it (or is an input), hence get(r, r).
     last_writer: dict[Node, Node] = {}
     cross: dict[Node, CrossStreamValue] = {}
     last_on: dict[int, Node] = {}
@@ -137,8 +139,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
 
     # A functional graph writes nothing: only track reads for the storages some node writes.
     writes = {n: writes_of(a, n) for n in compute if _writes_anything(n)}
-    written = {r for ws in writes.values() for r in ws}
-    reads_since_write: dict[Node, list[Node]] = {r: [] for r in written}
+    reads_since_write: dict[Node, list[Node]] = {r: [] for ws in writes.values() for r in ws}
 
     def reads(node: Node) -> list[Node]:
         out: list[Node] = []
@@ -153,28 +154,24 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
         return out
 
     for node in a.nodes:
-        op = node.op
-        if op == "placeholder" or op == "get_attr":
-            last_writer[node] = node
+        if node not in compute:
+            if node.op == "output":
+                s = s_of[node]
+                for r in reads(node):
+                    w = last_writer.get(r, r)
+                    if s_of[w] != s:
+                        reqs.append(Requirement("exit", w, node, r))
+                for t, last in last_on.items():
+                    if t != AMBIENT:
+                        reqs.append(Requirement("exit", last, node, None))
             continue
         s = s_of[node]
-        if op == "output":
-            for r in reads(node):
-                w = last_writer.get(r, r)
-                if s_of[w] != s:
-                    reqs.append(Requirement("exit", w, node, r))
-            for t, last in last_on.items():
-                if t != AMBIENT:
-                    reqs.append(Requirement("exit", last, node, None))
-            continue
-        if node not in compute:
-            continue
         last_on[s] = node
         mine = writes.get(node, ())
         for r in reads(node):
-            w = last_writer.get(r, r)
             if r in mine:
                 continue
+            w = last_writer.get(r, r)
             if s_of[w] != s:
                 reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r))
             if r in reads_since_write:
@@ -193,8 +190,6 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
                     reqs.append(Requirement("war", reader, node, r))
             reads_since_write[r] = []
             last_writer[r] = node
-        if root[node] is node and node not in last_writer and is_tensor_value(node):
-            last_writer[node] = node
 
     outputs = {root[x] for n in a.nodes if n.op == "output" for x in n.all_input_nodes}
     values = [c for v, c in cross.items() if v not in outputs]

@@ -25,6 +25,7 @@ graphs = st.builds(
     seed=st.integers(0, 10_000),
     style=st.sampled_from(["annotate", "fork_join", "mixed"]),
     inplace=st.sampled_from([0.0, 0.1, 0.25]),
+    run_length=st.sampled_from([1, 4, 16]),  # stretches of ops that stay on one stream
 )
 
 
