@@ -112,6 +112,20 @@ def run_sp_unchecked(gm):
     sp.run(gm, check=False)
 
 
+def collector_paused(fn):
+    """``fn`` with Python's cyclic collector paused, as streampass.run pauses it for itself:
+    shows how much of torch's time is the collector rather than its pass."""
+
+    def run(gm):
+        gc.disable()
+        try:
+            fn(gm)
+        finally:
+            gc.enable()
+
+    return run
+
+
 def fx_floor(gm: torch.fx.GraphModule, new_nodes: int) -> None:
     """A lower bound for any pass that edits ``gm`` like streampass: look at every node once
     (its stream annotation and inputs) and create ``new_nodes`` call nodes, each reading an
@@ -159,7 +173,8 @@ def synthetic_graph(n: int, family: str, seed: int) -> torch.fx.GraphModule:
 
 def bench_synthetic(sizes, repeats, seed=0, torch_max=None, families=tuple(FAMILIES), log=print) -> list[dict]:
     torch_run = torch_passes()
-    passes = {"streampass": run_sp, "streampass_unchecked": run_sp_unchecked, "torch": torch_run}
+    passes = {"streampass": run_sp, "streampass_unchecked": run_sp_unchecked, "torch": torch_run,
+              "torch_nogc": collector_paused(torch_run)}
     for fn in passes.values():  # lazy imports and first-call costs are not measured
         fn(synthetic_graph(200, "interleaved", seed + 1))
     rows = []
@@ -171,7 +186,7 @@ def bench_synthetic(sizes, repeats, seed=0, torch_max=None, families=tuple(FAMIL
             nodes = len(template.graph.nodes)
             base = sync_counts(template)
             before = sp.verify(template).by_kind()
-            names = [k for k in passes if k != "torch" or torch_max is None or n <= torch_max]
+            names = [k for k in passes if not k.startswith("torch") or torch_max is None or n <= torch_max]
             times: dict[str, list[float]] = {k: [] for k in names}
             out: dict[str, torch.fx.GraphModule] = {}
             for _ in range(repeats):  # side by side: alternate the passes
@@ -315,6 +330,12 @@ def markdown(result: dict) -> str:
                       f"{s['node_growth']:.2f}x / {t['node_growth']:.2f}x | {r['fx_floor_s'] * 1e3:.0f} ms | "
                       f"{t['median_s'] / r['fx_floor_s']:.0f}x |" if t else
                       f"not run | | | {s['node_growth']:.2f}x / | {r['fx_floor_s'] * 1e3:.0f} ms | |"))
+    paused = [r for r in syn if "torch_nogc" in r]
+    if paused:
+        out.append("")
+        out.append("torch's passes with the collector paused too (streampass.run pauses it for itself): " + "; ".join(
+            f"{r['family']} {r['nodes']:,}: {r['torch_nogc']['median_s']:.3f} s "
+            f"({r['torch_nogc']['median_s'] / r['streampass']['median_s']:.1f}x streampass.run)" for r in paused) + ".")
     g = result.get("growth")
     if g:
         out.append("")
