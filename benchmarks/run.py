@@ -207,7 +207,7 @@ def bench_synthetic(sizes, repeats, seed=0, torch_max=None, families=tuple(FAMIL
                 }
             added_nodes = round((row["streampass"]["node_growth"] - 1) * nodes)
             row["fx_floor_s"] = statistics.median(
-                timed(lambda g: fx_floor(g, added_nodes), copy.deepcopy(template)) for _ in range(repeats))
+                timed(lambda g, k=added_nodes: fx_floor(g, k), copy.deepcopy(template)) for _ in range(repeats))
             if "torch" in row:
                 row["speedup"] = row["torch"]["median_s"] / row["streampass"]["median_s"]
                 row["speedup_unchecked"] = row["torch"]["median_s"] / row["streampass_unchecked"]["median_s"]

@@ -9,7 +9,6 @@ lifetime and is a :class:`CrossStreamValue` instead.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
