@@ -71,6 +71,7 @@ class _Editor:
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.calls: dict[Node, ops.SyncCall] = dict(self.a.syncs)  # every stream op, new ones too
         self.edited: list[Node] = []  # nodes made or given new inputs, for check_order
+        self.switches: list[Node] = []  # fork/join nodes, replaced by annotations
         self.changed = False
 
     def _call(self, target, args: tuple) -> Node:
@@ -113,10 +114,10 @@ class _Editor:
 
     # -- 2. drop fork/join, annotate every node with its stream -----------------------------
     def normalize_streams(self) -> None:
-        for node in list(self.graph.nodes):
+        for node in self.graph.nodes:
             call = self.a.syncs.get(node)
             if call is not None and call.target in (ops.FORK, ops.JOIN):
-                self.graph.erase_node(node)
+                self.switches.append(node)  # erased last: an erased node cannot be restored
                 self.changed = True
                 continue
             s = self.stream.get(node, AMBIENT)
@@ -128,7 +129,8 @@ class _Editor:
 
     # -- 3. the data dependencies that encode the order -------------------------------------
     def encode(self) -> None:
-        order = list(self.graph.nodes)
+        switches = set(self.switches)
+        order = [n for n in self.graph.nodes if n not in switches]
         index = self.index
         index.update((n, i) for i, n in enumerate(order))
         gates = {self.gate_node.get(g, g): g for g in set(self.plan.protect) | set(self.plan.keepalive)}
@@ -308,6 +310,19 @@ class _Editor:
                 if pos.get(x, len(pos)) >= pos[n]:
                     raise StreamPassError(f"internal error: the rewrite made {n.name} read {x.name} before it is defined", n.name)
 
+    def drop_switches(self) -> None:
+        """Erase the fork/join nodes, the one edit a snapshot cannot undo, so it comes last
+        and is checked first."""
+        for node in self.switches:
+            if node.users:
+                raise StreamPassError(
+                    f"{node.name} switches streams but its result is used by {next(iter(node.users)).name}; "
+                    "fork/join return nothing to use",
+                    node.name,
+                )
+        for node in self.switches:
+            self.graph.erase_node(node)
+
 
 def free_attr(gm: torch.nn.Module, base: str) -> str:
     """An attribute name on ``gm`` starting with ``base`` that is not taken yet."""
@@ -340,6 +355,7 @@ def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True)
     editor.encode()
     if editor.changed:
         editor.check_order()
+        editor.drop_switches()
         if recompile:
             gm.recompile()
     return editor.changed

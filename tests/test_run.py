@@ -13,6 +13,7 @@ from torch.fx.passes.tools_common import legalize_graph
 
 import streampass as sp
 from streampass import ops
+from streampass.synthetic import random_stream_graph
 from streampass.runtime import run_serial
 
 
@@ -225,6 +226,30 @@ def test_rewrite_that_breaks_the_order_is_caught_and_undone(traced, monkeypatch)
     with pytest.raises(sp.StreamPassError, match="before it is defined"):
         sp.run(gm)
     assert gm.code == code
+
+
+def test_failure_after_fork_join_removal_is_undone():
+    """fork/join nodes are erased last: a failure before that leaves them in place, intact."""
+    gm = random_stream_graph(40, 3, seed=5, style="fork_join")
+    assert any(n.target in (ops.FORK, ops.JOIN) for n in gm.graph.nodes)
+    code = gm.code
+    before = [(n.name, n.target, n.args) for n in gm.graph.nodes]
+    from streampass import apply
+
+    encode = apply._Editor.encode
+
+    def boom(self):
+        encode(self)
+        raise RuntimeError("boom")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(apply._Editor, "encode", boom)
+        with pytest.raises(sp.StreamPassError, match="restored"):
+            sp.run(gm)
+    gm.graph.lint()
+    assert [(n.name, n.target, n.args) for n in gm.graph.nodes] == before
+    assert len(gm.graph.nodes) == len(before) and gm.code == code
+    assert sp.run(gm).ok  # and the pass still works on it
 
 
 def test_single_stream_graph_is_left_alone():
