@@ -1,12 +1,13 @@
 """A cheap snapshot of a GraphModule, so a failed rewrite can put everything back.
 
 ``copy.deepcopy(gm.graph)`` copies every node and its metadata: about as slow as the whole
-pass on a large graph. The rewrite only ever adds nodes and submodules, re-points existing
-nodes' ``target``/``args``/``kwargs`` and replaces entries of their ``meta``. So it is enough
-to remember, per node, those fields (``meta`` as a shallow copy), the node order and the
-submodule names; :meth:`Snapshot.restore` erases whatever node was added, puts every field
-and the order back and drops new submodules. That also undoes a buggy edit made through
-plain FX calls, which is what the all-or-nothing guarantee is for.
+pass on a large graph. The rewrite adds nodes and submodules, re-points existing nodes'
+``target``/``args``/``kwargs``, replaces entries of their ``meta`` and, last of all, erases
+fork/join nodes. So it is enough to remember, per node, those fields (``meta`` as a shallow
+copy), the node order and the submodule names; :meth:`Snapshot.restore` erases whatever node
+was added, brings back erased ones, puts every field and the order back and drops new
+submodules. That also undoes a buggy edit made through plain FX calls, which is what the
+all-or-nothing guarantee is for.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class Snapshot:
         gm.graph = graph  # in case the graph object itself was replaced
         kept = {node for node, *_ in self.nodes}
         added = [n for n in graph.nodes if n not in kept]
+        for node, *_ in self.nodes:
+            if node._erased:
+                _unerase(graph, node)
         for node, target, args, kwargs, meta in self.nodes:
             if node.target is not target:
                 node.target = target
@@ -50,6 +54,15 @@ class Snapshot:
             prev = node
         for name in set(gm._modules) - self.modules:
             delattr(gm, name)
+
+
+def _unerase(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """Undo ``Graph.erase_node`` (torch 2.13 internals; FX has no public way back). The node
+    is left unlinked; :meth:`Snapshot.restore` relinks it in place and restores its args."""
+    node._erased = False
+    node._prev = node._next = node  # its old neighbours' links are stale
+    graph._len += 1
+    graph._find_nodes_lookup_table.insert(node)
 
 
 def take(gm: torch.fx.GraphModule) -> Snapshot:

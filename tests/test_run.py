@@ -252,6 +252,36 @@ def test_failure_after_fork_join_removal_is_undone():
     assert sp.run(gm).ok  # and the pass still works on it
 
 
+def test_failure_after_fork_join_removal_brings_them_back(monkeypatch):
+    """The last step (code generation) fails after fork/join nodes were erased: they return."""
+    b = GraphBuilder()
+    x = b.input("x")
+    b.sync(ops.FORK, 0, 1, name="fork1")
+    y = b.op(aten.sin.default, x, name="y")
+    b.sync(ops.JOIN, 1, 0, name="join1")
+    gm = b.output(b.op(aten.add.Tensor, y, x, name="v"))
+    code = gm.code
+    before = [(n.name, n.target, n.args) for n in gm.graph.nodes]
+    real = type(gm).recompile
+    failed = []
+
+    def recompile_fails_once(self):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("codegen failed")
+        return real(self)
+
+    monkeypatch.setattr(type(gm), "recompile", recompile_fails_once)
+    with pytest.raises(sp.StreamPassError, match="restored"):
+        sp.run(gm)
+    gm.graph.lint()
+    assert [(n.name, n.target, n.args) for n in gm.graph.nodes] == before
+    assert len(gm.graph.nodes) == len(before) and gm.code == code
+    assert list(gm.graph.find_nodes(op="call_function", target=ops.FORK))
+    assert sp.read_streams(gm).stream[gm.graph.find_nodes(op="call_function", target=aten.sin.default)[0]] == 1
+    assert sp.run(gm).ok
+
+
 def test_single_stream_graph_is_left_alone():
     gm = make_fx(lambda x: x.sin() + 1)(torch.ones(3))
     code = gm.code
