@@ -72,6 +72,7 @@ class _Editor:
         self.calls: dict[Node, ops.SyncCall] = dict(self.a.syncs)  # every stream op, new ones too
         self.edited: list[Node] = []  # nodes made or given new inputs, for check_order
         self.switches: list[Node] = []  # fork/join nodes, replaced by annotations
+        self.read_as: dict[tuple[Node, Node], Node] = {}  # (user, value) -> what it reads instead
         self.changed = False
 
     def _call(self, target, args: tuple) -> Node:
@@ -154,8 +155,10 @@ class _Editor:
             elif call.target is ops.WAIT_STREAM:
                 other = call.args[1]
                 deps += pending.get(other, []) + ([last_sync[other]] if other in last_sync else [])
-            mine = rewires.get(n, [])
-            passthrough = list(dict.fromkeys(inp for _, inp in mine))
+            # A use an earlier wait already rerouted now reads that wait's getitem: thread
+            # the getitem through this wait too, so the user follows both.
+            mine = [(user, inp, self.read_as.get((user, inp), inp)) for user, inp in rewires.get(n, ())]
+            passthrough = list(dict.fromkeys(actual for _, _, actual in mine))
             gate = gates.get(n)
             for value in self.plan.keepalive.get(gate, ()) if gate is not None else ():
                 if value not in passthrough and index[value] < index[n]:
@@ -165,7 +168,8 @@ class _Editor:
                 last_record[call.args[0]] = last_sync[s]
 
     def _rewires(self, order: list[Node], index, gates) -> dict[Node, list[tuple[Node, Node]]]:
-        """sync node -> the uses ``(user, input)`` to read through it.
+        """sync node -> the uses ``(user, input)`` to read through it (in the graph as it was
+        before any rerouting: ``encode`` follows ``read_as`` when an earlier wait took a use).
 
         A consumer that must follow waits of its stream reads one protected value through
         the latest of them: the per-stream chain orders that wait after the earlier ones. It
@@ -193,29 +197,34 @@ class _Editor:
             for x in n.all_input_nodes:
                 if stream.get(x, AMBIENT) == s:
                     base = max(base, after.get(x, 0))
-            for sync, value in sorted(needs.get(n, ()), key=lambda p: -chain[p[0]]):
-                k = chain[sync]
-                if k <= base and stream.get(sync) == s:
-                    continue
-                uses = self._uses_to_gate(n, value, sync, index)
-                if not uses:
-                    continue
+            todo = []
+            for sync, value in needs.get(n, ()):
                 same = stream.get(sync) == s  # (a gate is a wait of its consumer's stream)
+                uses = self._uses_to_gate(n, value, sync, index)
+                if uses is None:  # some path already passes the sync (an earlier run's reroute)
+                    if same:
+                        base = max(base, chain[sync])
+                elif uses:
+                    todo.append((chain[sync], same, sync, uses))
+            for k, same, sync, uses in sorted(todo, key=lambda t: -t[0]):
+                if same and k <= base:
+                    continue
                 for user, inp in uses:
                     out.setdefault(sync, []).append((user, inp))
                     if same and stream.get(user, AMBIENT) == s:
                         after[user] = max(after.get(user, 0), k)
                 if same:
-                    base = max(base, k)
+                    base = k
             after[n] = base
         return out
 
-    def _uses_to_gate(self, consumer: Node, value: Node, sync: Node, index) -> list[tuple[Node, Node]]:
-        """The uses (user, input) on ``consumer``'s path to ``value`` that must go through ``sync``.
+    def _uses_to_gate(self, consumer: Node, value: Node, sync: Node, index) -> list[tuple[Node, Node]] | None:
+        """The uses (user, input) on ``consumer``'s path to ``value`` to reroute through ``sync``;
+        None if a path already passes ``sync`` or a later sync of its stream (then ``consumer``
+        is ordered after ``sync`` by the per-stream chain and needs nothing).
 
         ``consumer`` may read ``value`` through views made after the sync: the first use whose
-        input is defined before the sync is the one to reroute. A path that already passes a
-        sync of the same stream at or after ``sync`` is ordered by the per-stream chain.
+        input is defined before the sync is the one to reroute.
         """
         found = []
         for inp in consumer.all_input_nodes:
@@ -227,7 +236,7 @@ class _Editor:
                 if src is not None:
                     holder = x.args[0]
                     if self.stream.get(holder) == self.stream.get(sync) and index[holder] >= index[sync]:
-                        break  # already ordered after this sync
+                        return None
                 if index[x] < index[sync]:
                     found.append((user, x))
                     break
@@ -283,7 +292,7 @@ class _Editor:
             if user.target is operator.getitem and isinstance(user.args[1], int) and 1 <= user.args[1] <= len(passthrough):
                 outs.setdefault(passthrough[user.args[1] - 1], user)
         last = wrapped
-        for user, inp in rewires:
+        for user, original, inp in rewires:
             if inp not in outs:
                 with self.graph.inserting_after(last):
                     g = self._call(operator.getitem, (wrapped, passthrough.index(inp) + 1))
@@ -295,6 +304,7 @@ class _Editor:
                 outs[inp] = g
                 last = g
             user.replace_input_with(inp, outs[inp])
+            self.read_as[user, original] = outs[inp]
             self.edited.append(user)
             self.changed = True
 

@@ -31,12 +31,15 @@ def random_stream_graph(
     size: int = 8,
     copy_epilogue: bool = True,
     run_length: int = 4,
+    views: float = 0.0,
 ) -> torch.fx.GraphModule:
     """A random graph of about ``n_nodes`` compute nodes spread over ``n_streams`` streams.
 
     ``style``: ``"annotate"`` (``custom.stream``), ``"fork_join"`` (nested fork/join regions,
     nodes unannotated) or ``"mixed"``. ``inplace``: share of in-place ``mul_`` on earlier
-    values; ``copy_epilogue`` adds functionalization-style ``copy_`` into one input.
+    values; ``copy_epilogue`` adds functionalization-style ``copy_`` into one input;
+    ``views``: share of ops that are views (``t``) of an earlier value; ``run_length``: the
+    longest stretch of consecutive ops on one stream.
 
     >>> gm = random_stream_graph(20, 3, seed=1)
     >>> import streampass as sp
@@ -75,7 +78,7 @@ def random_stream_graph(
         for _ in range(length):
             if made >= n_nodes:
                 break
-            created = _random_op(g, rng, values, inputs, inplace, matmul, size)
+            created = _random_op(g, rng, values, inputs, inplace, matmul, size, views)
             if not use_fork:
                 stream_note = s
             elif style == "mixed" and rng.random() < 0.3:
@@ -92,6 +95,8 @@ def random_stream_graph(
         g.call_function(ops.JOIN, (top, regions[-1] if regions else 0))
     if copy_epilogue and n_nodes > 0:
         src = values[-1] if values[-1].op != "placeholder" else values[0]
+        if src is not inputs[0] and _storage(src) is inputs[0]:
+            src = inputs[0]  # a view of the input itself: eager refuses the overlapping copy
         c = g.call_function(aten.copy_.default, (inputs[0], src))
         c.meta["val"] = torch.empty(size, size, device="meta")
         if style != "fork_join":
@@ -101,7 +106,7 @@ def random_stream_graph(
     return torch.fx.GraphModule(torch.nn.Module(), g)
 
 
-def _random_op(g, rng, values, inputs, inplace, matmul, size) -> list[torch.fx.Node]:
+def _random_op(g, rng, values, inputs, inplace, matmul, size, views=0.0) -> list[torch.fx.Node]:
     def pick() -> torch.fx.Node:
         # prefer recent values: graphs are mostly local, with some long edges
         k = min(len(values), 12)
@@ -112,11 +117,15 @@ def _random_op(g, rng, values, inputs, inplace, matmul, size) -> list[torch.fx.N
         n.meta["val"] = torch.empty(size, size, device="meta")
         return n
 
+    if views and rng.random() < views:
+        return [call(aten.t.default, (pick(),))]
     r = rng.random()
     if r < inplace:
         cands = [v for v in values if v.op != "placeholder"]
         if cands:
-            return [call(aten.mul_.Tensor, (rng.choice(cands[-12:]), pick()))]
+            target, other = rng.choice(cands[-12:]), pick()
+            if _storage(target) is not _storage(other):  # eager refuses overlapping in-place
+                return [call(aten.mul_.Tensor, (target, other))]
     if r < inplace + matmul:
         mm = call(aten.mm.default, (pick(), pick()))
         return [mm, call(aten.div.Tensor, (mm, float(size)))]
@@ -125,6 +134,12 @@ def _random_op(g, rng, values, inputs, inplace, matmul, size) -> list[torch.fx.N
     if rng.random() < 0.3:
         return [call(aten.lerp.Scalar, (pick(), pick(), 0.5))]
     return [call(rng.choice(_BINARY), (pick(), pick()))]
+
+
+def _storage(node: torch.fx.Node) -> torch.fx.Node:
+    while (src := ops.aliases_input(node)) is not None:
+        node = src
+    return node
 
 
 def random_inputs(gm: torch.fx.GraphModule, seed: int = 0) -> list[torch.Tensor]:

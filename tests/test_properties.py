@@ -26,6 +26,7 @@ graphs = st.builds(
     style=st.sampled_from(["annotate", "fork_join", "mixed"]),
     inplace=st.sampled_from([0.0, 0.1, 0.25]),
     run_length=st.sampled_from([1, 4, 16]),  # stretches of ops that stay on one stream
+    views=st.sampled_from([0.0, 0.2]),
 )
 
 
