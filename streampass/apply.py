@@ -176,6 +176,8 @@ class _Editor:
         reads nothing through a wait at all when one of its inputs on the same stream is
         already ordered after that wait. ``after[n]`` is the position, among the syncs of
         ``n``'s stream, of the latest sync ``n`` is ordered after through same-stream data.
+        Passthrough getitems are looked through, so a second run reaches the same decisions
+        on the rewritten graph as the first did on the original (and changes nothing).
         """
         needs: dict[Node, list[tuple[Node, Node]]] = {}  # consumer -> [(sync node, value)]
         for sync, gate in gates.items():
@@ -195,8 +197,10 @@ class _Editor:
                 continue
             base = 0
             for x in n.all_input_nodes:
-                if stream.get(x, AMBIENT) == s:
-                    base = max(base, after.get(x, 0))
+                while x is not None:  # look through passthroughs, as if never rerouted
+                    if stream.get(x, AMBIENT) == s:
+                        base = max(base, after.get(x, 0))
+                    x = ops.passthrough_source(x)
             todo = []
             for sync, value in needs.get(n, ()):
                 same = stream.get(sync) == s  # (a gate is a wait of its consumer's stream)

@@ -88,3 +88,12 @@ def test_rerun_sees_order_carried_by_a_view_on_another_stream():
     assert sp.run(gm).ok
     code = gm.code
     assert not sp.run(gm).changed and gm.code == code
+
+
+def test_rerun_looks_through_a_view_rerouted_by_another_streams_wait():
+    """A same-stream input whose own input was rerouted through a wait of another stream still
+    carries the order on a second run."""
+    gm = random_stream_graph(13, 2, seed=5576, style="fork_join", inplace=0.25, run_length=1, views=0.2)
+    assert sp.run(gm).ok
+    code = gm.code
+    assert not sp.run(gm).changed and gm.code == code
