@@ -84,7 +84,9 @@ def _subgraph_shape(node: torch.fx.Node) -> _SubgraphShape | None:
     if sub is None:
         return None
     graph = sub.graph
-    # Cached on the module; the key notices a graph replaced or grown/shrunk since.
+    # Cached on the module; the key notices a graph replaced or grown/shrunk since. An edit in
+    # place that keeps the node count would go unnoticed: nothing edits sync subgraphs so
+    # (streampass and torch's wrap pass make a new subgraph for every change).
     key = (id(graph), len(graph.nodes))
     cached = sub.__dict__.get("_streampass_shape")
     if cached is not None and cached[0] == key:
