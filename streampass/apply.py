@@ -312,7 +312,6 @@ class _Editor:
             self.edited.append(user)
             self.changed = True
 
-
     def check_order(self) -> None:
         """Every node the rewrite made or re-pointed comes after its inputs.
 
@@ -325,8 +324,8 @@ class _Editor:
                     raise StreamPassError(f"internal error: the rewrite made {n.name} read {x.name} before it is defined", n.name)
 
     def drop_switches(self) -> None:
-        """Erase the fork/join nodes, the one edit a snapshot cannot undo, so it comes last
-        and is checked first."""
+        """Erase the fork/join nodes. Last, after every check: undoing an erasure reaches into
+        FX internals (streampass.snapshot), so the pass avoids needing it."""
         for node in self.switches:
             if node.users:
                 raise StreamPassError(

@@ -36,6 +36,8 @@ class StreamAssignment:
         root: node -> the node that made the storage its value lives in (views, in-place
             results and ``control_deps`` passthroughs resolve to their source).
         external_events: event indices the caller declared as recorded outside the graph.
+        position: node -> its index in ``nodes``.
+        compute: the nodes that do work on a stream (see :meth:`is_compute`).
     """
 
     graph: torch.fx.Graph
