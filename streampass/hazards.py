@@ -73,17 +73,20 @@ def reads_of(a: StreamAssignment, node: Node) -> list[Node]:
     """
     if node in a.syncs or not (a.is_compute(node) or node.op == "output"):
         return []
+    return _read_roots(node, a.root, {})
+
+
+def _read_roots(node: Node, root: dict[Node, Node], tensor: dict[Node, bool]) -> list[Node]:
+    """:func:`reads_of` without its checks on ``node``; ``tensor`` caches is_tensor_value."""
     out: list[Node] = []
     for inp in node.all_input_nodes:
-        if inp.op == "get_attr" and not is_tensor_value(inp):
-            continue
-        if inp.target is ops.CONTROL_DEPS:
-            continue
-        if not is_tensor_value(inp):
-            continue
-        r = a.root[inp]
-        if r not in out:
-            out.append(r)
+        t = tensor.get(inp)
+        if t is None:
+            t = tensor[inp] = inp.target is not ops.CONTROL_DEPS and is_tensor_value(inp)
+        if t:
+            r = root[inp]
+            if r not in out:
+                out.append(r)
     return out
 
 
@@ -141,16 +144,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
     reads_since_write: dict[Node, list[Node]] = {r: [] for ws in writes.values() for r in ws}
 
     def reads(node: Node) -> list[Node]:
-        out: list[Node] = []
-        for inp in node.all_input_nodes:
-            t = tensor.get(inp)
-            if t is None:
-                t = tensor[inp] = inp.target is not ops.CONTROL_DEPS and is_tensor_value(inp)
-            if t:
-                r = root[inp]
-                if r not in out:
-                    out.append(r)
-        return out
+        return _read_roots(node, root, tensor)
 
     for node in a.nodes:
         if node not in compute:
