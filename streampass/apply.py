@@ -210,8 +210,11 @@ class _Editor:
                         base = max(base, chain[sync])
                 elif uses:
                     todo.append((chain[sync], same, sync, uses))
+            # The output reads every protected value through its own wait: a partitioner may
+            # split the outputs, and each part must still carry its value's order.
+            exit_node = n.op == "output"
             for k, same, sync, uses in sorted(todo, key=lambda t: -t[0]):
-                if same and k <= base:
+                if same and k <= base and not exit_node:
                     continue
                 for user, inp in uses:
                     out.setdefault(sync, []).append((user, inp))

@@ -97,3 +97,24 @@ def test_rerun_looks_through_a_view_rerouted_by_another_streams_wait():
     assert sp.run(gm).ok
     code = gm.code
     assert not sp.run(gm).changed and gm.code == code
+
+
+def test_each_output_carries_its_own_wait():
+    """Outputs made on side streams are each returned through a wait, not ordered only through
+    a sibling output: a partitioner that splits the outputs keeps every value's order."""
+
+    def f(a):
+        with sp.stream(1):
+            v = a.sin()
+        with sp.stream(2):
+            w = a.cos()
+        u = v + w  # on the ambient stream: after the waits for v and w
+        return u, v, w
+
+    gm = make_fx(f)(torch.randn(4))
+    assert sp.run(gm).ok
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    returned = out.args[0]
+    for x in returned[1:]:  # v and w
+        assert ops.passthrough_source(x) is not None, x.format_node()
+    assert not sp.run(gm).changed
