@@ -116,29 +116,23 @@ def collector_paused(fn):
     """``fn`` with Python's cyclic collector paused, as streampass.run pauses it for itself:
     shows how much of torch's time is the collector rather than its pass."""
 
-    def run(gm):
+    def run(*args):
         gc.disable()
         try:
-            fn(gm)
+            fn(*args)
         finally:
             gc.enable()
 
     return run
 
 
+@collector_paused
 def fx_floor(gm: torch.fx.GraphModule, new_nodes: int) -> None:
     """A lower bound for any pass that edits ``gm`` like streampass: look at every node once
     (its stream annotation and inputs) and create ``new_nodes`` call nodes, each reading an
     existing node and placed after it, the way the cheapest FX insertion does it. No analysis,
     no planning, no verification; the collector paused, as in streampass.run."""
-    gc.disable()
-    try:
-        _touch_and_insert(gm.graph, new_nodes)
-    finally:
-        gc.enable()
-
-
-def _touch_and_insert(graph: torch.fx.Graph, new_nodes: int) -> None:
+    graph = gm.graph
     nodes = list(graph.nodes)
     seen = 0
     for n in nodes:
