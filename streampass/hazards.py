@@ -79,7 +79,7 @@ def reads_of(a: StreamAssignment, node: Node) -> list[Node]:
 def _read_roots(node: Node, root: dict[Node, Node], tensor: dict[Node, bool]) -> list[Node]:
     """:func:`reads_of` without its checks on ``node``; ``tensor`` caches is_tensor_value."""
     out: list[Node] = []
-    for inp in node.all_input_nodes:
+    for inp in ops.input_nodes(node):
         t = tensor.get(inp)
         if t is None:
             t = tensor[inp] = inp.target is not ops.CONTROL_DEPS and is_tensor_value(inp)
@@ -184,7 +184,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
             reads_since_write[r] = []
             last_writer[r] = node
 
-    outputs = {root[x] for n in a.nodes if n.op == "output" for x in n.all_input_nodes}
+    outputs = {root[x] for n in a.nodes if n.op == "output" for x in ops.input_nodes(n)}
     values = [c for v, c in cross.items() if v not in outputs]
     return reqs, values
 

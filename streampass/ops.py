@@ -121,6 +121,19 @@ def as_sync_call(node: torch.fx.Node) -> SyncCall | None:
     return None
 
 
+def _inputs_dict_is_kept() -> bool:
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    n = g.call_function(operator.add, (x, x))
+    return isinstance(getattr(n, "_input_nodes", None), dict) and list(n._input_nodes) == n.all_input_nodes
+
+
+# ``input_nodes(node)``: ``node.all_input_nodes`` without building a list (FX keeps the inputs in
+# a dict, in the same order). Hot loops over every node's inputs use it; an FX that stores
+# inputs differently gets the public property.
+input_nodes = operator.attrgetter("_input_nodes" if _inputs_dict_is_kept() else "all_input_nodes")
+
+
 def passthrough_source(node: torch.fx.Node) -> torch.fx.Node | None:
     """For a getitem of a ``control_deps`` result that passes an outer value through: that value.
 

@@ -74,25 +74,6 @@ class StreamAssignment:
         return node in self.compute
 
 
-def _is_compute(node: torch.fx.Node, syncs) -> bool:
-    return (
-        node.op in ("call_function", "call_method", "call_module")
-        and node not in syncs
-        and not _is_passthrough_getitem(node)
-        and node.target is not ops.CONTROL_DEPS
-    )
-
-
-def _is_passthrough_getitem(node: torch.fx.Node) -> bool:
-    """A getitem of a ``control_deps`` result: an alias that only carries ordering."""
-    return (
-        node.op == "call_function"
-        and node.target is operator.getitem
-        and isinstance(node.args[0], torch.fx.Node)
-        and node.args[0].target is ops.CONTROL_DEPS
-    )
-
-
 def _graph_of(g: torch.fx.GraphModule | torch.fx.Graph) -> torch.fx.Graph:
     if isinstance(g, torch.fx.GraphModule):
         return g.graph
@@ -103,9 +84,12 @@ def _graph_of(g: torch.fx.GraphModule | torch.fx.Graph) -> torch.fx.Graph:
 
 def _annotated_stream(node: torch.fx.Node) -> int | None:
     custom = node.meta.get("custom")
-    if not isinstance(custom, dict) or custom.get("stream") is None:
+    if not isinstance(custom, dict):
         return None
-    return check_stream_index(custom["stream"], node.name)
+    s = custom.get("stream")
+    if s is None or (type(s) is int and s >= 0):
+        return s
+    return check_stream_index(s, node.name)
 
 
 # Which arguments of each stream op are stream or event indices.
@@ -162,77 +146,53 @@ def read_streams(
     regions: list[tuple[int, torch.fx.Node]] = []  # open fork regions: (stream, fork node)
     recorded: set[int] = set()
 
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    compute: list[torch.fx.Node] = []
+    passthroughs: list[torch.fx.Node] = []
+    maybe_sync = ops._STREAM_OP_IDS  # plus control_deps, tested below
+    getitem, control_deps = operator.getitem, ops.CONTROL_DEPS
+
+    # One pass: per node its stream, sync call, storage root and whether it does work.
     for node in nodes:
-        call = ops.as_sync_call(node)
-        if call is not None:
-            syncs[node] = call
-            s = _op_stream(call)
-            if call.target is ops.FORK:
-                src, dst = call.args
-                current = regions[-1][0] if regions else AMBIENT
-                if src != current:
-                    raise StreamPassError(
-                        f"fork from stream {src}, but the current stream here is {current}", node.name
-                    )
-                regions.append((dst, node))
-            elif call.target is ops.JOIN:
-                src, dst = call.args
-                if not regions:
-                    raise StreamPassError(f"join({src}, {dst}) without a matching fork", node.name)
-                top, fork_node = regions[-1]
-                if src != top:
-                    raise StreamPassError(
-                        f"join({src}, {dst}) does not close the innermost fork "
-                        f"{fork_node.name!r} to stream {top}",
-                        node.name,
-                    )
-                outer = regions[-2][0] if len(regions) > 1 else AMBIENT
-                if dst != outer:
-                    raise StreamPassError(
-                        f"join({src}, {dst}) returns to stream {dst}, but {fork_node.name!r} forked from {outer}",
-                        node.name,
-                    )
-                regions.pop()
-            elif call.target is ops.RECORD_EVENT:
-                recorded.add(call.args[0])
-            elif call.target in (ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC):
-                ev = call.args[0]
-                if ev not in recorded and ev not in external:
-                    raise StreamPassError(
-                        f"{call.name} waits on event {ev}, which no earlier node records; "
-                        f"pass external_events=[{ev}] if it is recorded outside the graph",
-                        node.name,
-                    )
-            stream[node] = s
-            continue
+        op = node.op
+        target = node.target
+        if op == "call_function" and (id(target) in maybe_sync or target is control_deps):
+            call = ops.as_sync_call(node)
+            if call is not None:
+                syncs[node] = call
+                root[node] = node
+                stream[node] = _sync_stream(call, regions, recorded, external)
+                continue
+        src = ops.aliases_input(node) if op == "call_function" else None
+        root[node] = root.get(src, src) if src is not None else node
         annotated = _annotated_stream(node)
-        if annotated is not None and node.op in ("placeholder", "get_attr", "output"):
-            annotated = None  # inputs are ready on the ambient stream; outputs are returned there
+        if op in ("placeholder", "get_attr", "output"):
+            stream[node] = AMBIENT  # inputs are ready on the ambient stream; outputs are returned there
+            continue
         if annotated is not None:
             stream[node] = annotated
-        elif node.op in ("placeholder", "get_attr", "output"):
-            stream[node] = AMBIENT
         else:
             stream[node] = regions[-1][0] if regions else AMBIENT
+        if target is getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0].target is control_deps:
+            passthroughs.append(node)  # an alias that only carries ordering: runs where its wrapper runs
+        elif target is not control_deps:
+            compute.append(node)
 
     if regions:
         s, fork_node = regions[-1]
         raise StreamPassError(f"fork to stream {s} is never joined", fork_node.name)
-
-    # Passthrough getitems of control_deps run where their wrapper runs.
-    for node in nodes:
-        if node.op == "call_function" and _is_passthrough_getitem(node):
-            stream[node] = stream[node.args[0]]
+    for node in passthroughs:
+        stream[node] = stream[node.args[0]]
 
     assignment = StreamAssignment(
         graph=graph,
         nodes=nodes,
         stream=stream,
         syncs=syncs,
-        root=_storage_roots(nodes),
+        root=root,
         external_events=external,
         position={n: i for i, n in enumerate(nodes)},
-        compute=frozenset(n for n in nodes if _is_compute(n, syncs)),
+        compute=frozenset(compute),
     )
     # Streams and events are looked up in one object table: one index cannot be both.
     clash = assignment.events() & set(stream.values())
@@ -243,9 +203,41 @@ def read_streams(
     return assignment
 
 
-def _storage_roots(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
-    root: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in nodes:
-        src = ops.aliases_input(node)
-        root[node] = root.get(src, src) if src is not None else node
-    return root
+def _sync_stream(call: ops.SyncCall, regions: list, recorded: set[int], external: frozenset[int]) -> int:
+    """The stream of a stream op; checks fork/join nesting and that waited events are recorded."""
+    node = call.node
+    s = _op_stream(call)
+    if call.target is ops.FORK:
+        src, dst = call.args
+        current = regions[-1][0] if regions else AMBIENT
+        if src != current:
+            raise StreamPassError(f"fork from stream {src}, but the current stream here is {current}", node.name)
+        regions.append((dst, node))
+    elif call.target is ops.JOIN:
+        src, dst = call.args
+        if not regions:
+            raise StreamPassError(f"join({src}, {dst}) without a matching fork", node.name)
+        top, fork_node = regions[-1]
+        if src != top:
+            raise StreamPassError(
+                f"join({src}, {dst}) does not close the innermost fork {fork_node.name!r} to stream {top}",
+                node.name,
+            )
+        outer = regions[-2][0] if len(regions) > 1 else AMBIENT
+        if dst != outer:
+            raise StreamPassError(
+                f"join({src}, {dst}) returns to stream {dst}, but {fork_node.name!r} forked from {outer}",
+                node.name,
+            )
+        regions.pop()
+    elif call.target is ops.RECORD_EVENT:
+        recorded.add(call.args[0])
+    elif call.target in (ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC):
+        ev = call.args[0]
+        if ev not in recorded and ev not in external:
+            raise StreamPassError(
+                f"{call.name} waits on event {ev}, which no earlier node records; "
+                f"pass external_events=[{ev}] if it is recorded outside the graph",
+                node.name,
+            )
+    return s
