@@ -184,7 +184,7 @@ class _Editor:
             for consumer, value in self.plan.protect.get(gate, ()):
                 if value is not None:
                     needs.setdefault(consumer, []).append((sync, value))
-        stream = self.stream
+        stream, getitem = self.stream, operator.getitem
         chain: dict[Node, int] = {}
         count: dict[int, int] = {}
         after: dict[Node, int] = {}
@@ -196,11 +196,13 @@ class _Editor:
                 count[s] = chain[n] = after[n] = count.get(s, 0) + 1
                 continue
             base = 0
-            for x in n.all_input_nodes:
+            for x in ops.input_nodes(n):
                 while x is not None:  # look through passthroughs, as if never rerouted
                     if stream.get(x, AMBIENT) == s:
-                        base = max(base, after.get(x, 0))
-                    x = ops.passthrough_source(x)
+                        b = after.get(x, 0)
+                        if b > base:
+                            base = b
+                    x = ops.passthrough_source(x) if x.target is getitem else None
             todo = []
             for sync, value in needs.get(n, ()):
                 same = stream.get(sync) == s  # (a gate is a wait of its consumer's stream)
@@ -234,7 +236,7 @@ class _Editor:
         input is defined before the sync is the one to reroute.
         """
         found = []
-        for inp in consumer.all_input_nodes:
+        for inp in ops.input_nodes(consumer):
             if self.root.get(inp, inp) is not value:
                 continue
             user, x = consumer, inp
@@ -322,7 +324,7 @@ class _Editor:
         re-checks the whole graph: 6% of the pass on 16k nodes)."""
         pos = {n: i for i, n in enumerate(self.graph.nodes)}
         for n in self.edited:
-            for x in n.all_input_nodes:
+            for x in ops.input_nodes(n):
                 if pos.get(x, len(pos)) >= pos[n]:
                     raise StreamPassError(f"internal error: the rewrite made {n.name} read {x.name} before it is defined", n.name)
 
