@@ -122,13 +122,14 @@ def dealloc_safe(dag: StreamDAG, cv: CrossStreamValue, keepalive, recorded_strea
     """Whether ``cv``'s memory cannot be reused by its stream while another stream reads it:
     every reading stream has a ``record_stream`` for it, or a wait of its own stream that
     follows all the reads holds it alive. Used by :func:`find_hazards` (the dealloc kind)."""
-    recorded = recorded_streams.get(cv.value)
-    if recorded is not None and all(s in recorded for s in cv.readers):
+    recorded = recorded_streams.get(cv.value, ())
+    if all(s in recorded for s in cv.readers):
         return True
     holders = keepalive.get(cv.value)
     if not holders:
         return False
-    # happens_before(r, k) for every reader r, on the clocks directly (hot on large graphs).
+    # happens_before(r, k) for every reader r, on the clocks directly (hot on large graphs):
+    # readers are listed in issue order, so each stream's last reader is the one to check.
     clock, slot = dag.clock, dag.slot
     latest = [(slot[s], clock[rs[-1]][slot[s]]) for s, rs in cv.readers.items()]
     stream = dag.assignment.stream

@@ -1,0 +1,42 @@
+"""The benchmark script's own measuring helpers (benchmarks/run.py), on small graphs."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+import streampass as sp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import run as run_bench  # noqa: E402  (benchmarks/run.py)
+
+
+@pytest.mark.parametrize("family", ["regions", "interleaved"])
+def test_edit_floor_replays_exactly_streampass_edits(family):
+    template = run_bench.synthetic_graph(300, family, seed=3)
+    result = copy.deepcopy(template)
+    sp.run(result)
+    script, dropped = run_bench.edit_script(template, result)
+    kinds = {step[0] for step in script}
+    assert {"keep", "new"} <= kinds and kinds & {"swap", "edit"}  # old nodes re-pointed, new ones added
+    assert sum(step[0] == "new" for step in script) == len(result.graph.nodes) - len(template.graph.nodes) + len(dropped)
+    # edit_floor checks the replayed copy against the result node for node, and times it.
+    assert run_bench.edit_floor(template, result, repeats=1) > 0
+    # The template itself is untouched (each replay works on a copy).
+    assert [n.name for n in template.graph.nodes] != [n.name for n in result.graph.nodes]
+
+
+
+def test_edit_floor_refuses_a_replay_that_does_not_reproduce_the_output(monkeypatch):
+    template = run_bench.synthetic_graph(200, "regions", seed=4)
+    result = copy.deepcopy(template)
+    sp.run(result)
+    script, dropped = run_bench.edit_script(template, result)
+    i = next(i for i, step in enumerate(script) if step[0] in ("swap", "edit"))
+    script[i] = ("keep", script[i][1])  # forget one re-pointed node
+    monkeypatch.setattr(run_bench, "edit_script", lambda t, r: (script, dropped))
+    with pytest.raises(RuntimeError, match="did not reproduce"):
+        run_bench.edit_floor(template, result, repeats=1)
