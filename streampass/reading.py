@@ -38,6 +38,9 @@ class StreamAssignment:
         external_events: event indices the caller declared as recorded outside the graph.
         position: node -> its index in ``nodes``.
         compute: the nodes that do work on a stream (see :meth:`is_compute`).
+        named: streams that stream ops name without running on them (the stream
+            ``wait_stream`` waits for, the one ``synchronize_stream`` syncs, fork/join's other
+            end); they may have no node of their own.
     """
 
     graph: torch.fx.Graph
@@ -48,11 +51,12 @@ class StreamAssignment:
     external_events: frozenset[int] = frozenset()
     position: dict[torch.fx.Node, int] = field(default_factory=dict)
     compute: frozenset[torch.fx.Node] = frozenset()
+    named: frozenset[int] = frozenset()
 
     @property
     def streams(self) -> list[int]:
-        """All stream indices used, ambient (0) always first."""
-        return sorted(set(self.stream.values()) | {AMBIENT})
+        """All stream indices used or named by a stream op, ambient (0) always first."""
+        return sorted(set(self.stream.values()) | self.named | {AMBIENT})
 
     def events(self) -> set[int]:
         """Event indices that stream ops in the graph refer to."""
@@ -107,6 +111,10 @@ _INDEX_ARGS = {
 }
 
 
+# The stream argument of the ops that name a stream other than the one they run on.
+_OTHER_STREAM_ARG = {ops.WAIT_STREAM: 1, ops.SYNC_STREAM: 0, ops.FORK: 1, ops.JOIN: 0}
+
+
 def _op_stream(call: ops.SyncCall) -> int:
     """The stream a stream op is issued on, from its own arguments (validated)."""
     t, a = call.target, call.args
@@ -147,6 +155,7 @@ def read_streams(
     recorded: set[int] = set()
 
     root: dict[torch.fx.Node, torch.fx.Node] = {}
+    named: set[int] = set()
     compute: list[torch.fx.Node] = []
     passthroughs: list[torch.fx.Node] = []
     maybe_sync = ops._STREAM_OP_IDS  # plus control_deps, tested below
@@ -162,6 +171,8 @@ def read_streams(
                 syncs[node] = call
                 root[node] = node
                 stream[node] = _sync_stream(call, regions, recorded, external)
+                if call.target in _OTHER_STREAM_ARG:
+                    named.add(call.args[_OTHER_STREAM_ARG[call.target]])
                 continue
         src = ops.aliases_input(node) if op == "call_function" else None
         root[node] = root.get(src, src) if src is not None else node
@@ -193,12 +204,15 @@ def read_streams(
         external_events=external,
         position={n: i for i, n in enumerate(nodes)},
         compute=frozenset(compute),
+        named=frozenset(named),
     )
     # Streams and events are looked up in one object table: one index cannot be both.
-    clash = assignment.events() & set(stream.values())
+    clash = assignment.events() & (set(stream.values()) | named)
     if clash:
         index = min(clash)
-        node = next(n for n, s in stream.items() if s == index)
+        node = next((n for n, s in stream.items() if s == index), None) or next(
+            n for n, c in syncs.items() if c.target in _OTHER_STREAM_ARG and c.args[_OTHER_STREAM_ARG[c.target]] == index
+        )
         raise StreamPassError(f"index {index} is used both as a stream and as an event", node.name)
     return assignment
 

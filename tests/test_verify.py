@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import GraphBuilder, aten
 
@@ -146,6 +147,36 @@ def test_wait_stream_and_synchronize_give_happens_before():
     dag = sp.StreamDAG.from_graph(gm)
     assert dag.happens_before("x", "y") and dag.happens_before("y", "z")
     assert not dag.happens_before("z", "y")
+
+
+def test_waiting_on_a_stream_that_runs_nothing_is_a_no_op():
+    """wait_stream / synchronize_stream naming a stream no node of the graph runs on: nothing to
+    wait for, so no error and no ordering (it used to be a bare KeyError)."""
+    b = GraphBuilder()
+    x = b.input("x")
+    b.sync(ops.WAIT_STREAM, 0, 3)
+    y = b.op(aten.sin.default, x, stream=1, name="y")
+    b.sync(ops.SYNC_STREAM, 5)
+    z = b.op(aten.cos.default, y, name="z")
+    gm = b.output(z)
+    assert kinds(gm) == ["dealloc", "entry", "exit", "raw"]  # the waits order nothing
+    assert sp.verify(gm).streams == [0, 1, 3, 5]  # named streams get a place in the table
+    result = sp.run(gm)
+    assert result.ok and not sp.run(gm).changed
+    x = torch.randn(4)
+    assert torch.equal(gm(x)[0], x.sin().cos())  # the runtime table has streams 3 and 5 too
+
+
+def test_an_index_named_as_a_stream_and_recorded_as_an_event_is_refused():
+    b = GraphBuilder()
+    x = b.input("x")
+    b.sync(ops.RECORD_EVENT, 3, 0)
+    b.sync(ops.WAIT_STREAM, 0, 3)  # stream 3 runs nothing, but its index is event 3's
+    gm = b.output(x)
+    code = gm.code
+    with pytest.raises(sp.StreamPassError, match="wait_stream_default.*index 3 is used both"):
+        sp.run(gm)
+    assert gm.code == code
 
 
 def test_report_text_and_counts():
