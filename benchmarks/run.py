@@ -130,7 +130,8 @@ def _arg_names(a):
 
 
 def _shape(gm: torch.fx.GraphModule) -> list[tuple]:
-    return [(n.name, n.op, n.target, _arg_names(n.args), _arg_names(n.kwargs)) for n in gm.graph.nodes]
+    return [(n.name, n.op, n.target, _arg_names(n.args), _arg_names(n.kwargs), n.meta.get("custom"))
+            for n in gm.graph.nodes]
 
 
 def _swaps(old_args, new_args) -> list[tuple[str, str]] | None:
@@ -164,11 +165,14 @@ def _swaps(old_args, new_args) -> list[tuple[str, str]] | None:
     return list(pairs.items())
 
 
+_SAME = object()  # an edit step's field that does not change
+
+
 def edit_script(template: torch.fx.GraphModule, result: torch.fx.GraphModule) -> list[tuple]:
     """The graph edits that turn ``template`` into ``result`` (streampass's output), node by node
     in ``result``'s order: ("keep", name), ("swap", name, [(old input, new input), ...]),
-    ("edit", name, new target or None, args, new kwargs or None) or
-    ("new", name, op, target, args, kwargs, meta); then the names ``result`` dropped."""
+    ("edit", name, target, args, kwargs, custom meta), each field ``_SAME`` where it does not
+    change, or ("new", name, op, target, args, kwargs, meta); then the names ``result`` dropped."""
     old = {n.name: n for n in template.graph.nodes}
     names = _arg_names
     script = []
@@ -176,14 +180,16 @@ def edit_script(template: torch.fx.GraphModule, result: torch.fx.GraphModule) ->
         o = old.get(n.name)
         if o is None:
             script.append(("new", n.name, n.op, n.target, n.args, n.kwargs, dict(n.meta)))
-        elif o.target is n.target and names(o.args) == names(n.args) and names(o.kwargs) == names(n.kwargs):
-            script.append(("keep", n.name))
-        elif o.target is n.target and names(o.kwargs) == names(n.kwargs) and _swaps(o.args, n.args) is not None:
-            # Only inputs swapped (a consumer now reads through a wait): FX's cheapest edit.
-            script.append(("swap", n.name, _swaps(o.args, n.args)))
+            continue
+        target = _SAME if o.target is n.target else n.target
+        args = _SAME if names(o.args) == names(n.args) else n.args
+        kwargs = _SAME if names(o.kwargs) == names(n.kwargs) else n.kwargs
+        custom = _SAME if o.meta.get("custom") == n.meta.get("custom") else n.meta.get("custom")
+        if target is kwargs is custom is _SAME and (args is _SAME or _swaps(o.args, n.args) is not None):
+            # Nothing, or only inputs swapped (a consumer now reads through a wait): FX's cheapest edit.
+            script.append(("keep", n.name) if args is _SAME else ("swap", n.name, _swaps(o.args, n.args)))
         else:
-            script.append(("edit", n.name, n.target if n.target is not o.target else None, n.args,
-                           n.kwargs if names(n.kwargs) != names(o.kwargs) else None))
+            script.append(("edit", n.name, target, args, kwargs, custom))
     kept = {n.name for n in result.graph.nodes}
     return script, [name for name in old if name not in kept]
 
@@ -219,13 +225,16 @@ def edit_floor(template: torch.fx.GraphModule, result: torch.fx.GraphModule, rep
                     for old, new in step[2]:
                         node.replace_input_with(env[old], env[new])
                 elif step[0] == "edit":
-                    _, name, target, args, kwargs = step
+                    _, name, target, args, kwargs, custom = step
                     node = env[name]
-                    if target is not None:
+                    if target is not _SAME:
                         node.target = target
-                    node.args = torch.fx.map_arg(args, lambda x: lookup(x.name))
-                    if kwargs is not None:
+                    if args is not _SAME:
+                        node.args = torch.fx.map_arg(args, lambda x: lookup(x.name))
+                    if kwargs is not _SAME:
                         node.kwargs = torch.fx.map_arg(kwargs, lambda x: lookup(x.name))
+                    if custom is not _SAME:
+                        node.meta["custom"] = custom
                 else:
                     _, name, op, target, args, kwargs, meta = step
                     with graph.inserting_after(prev) if prev is not None else graph.inserting_before(None):

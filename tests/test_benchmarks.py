@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import streampass as sp
+from streampass.synthetic import random_stream_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import run as run_bench  # noqa: E402  (benchmarks/run.py)
@@ -29,6 +30,16 @@ def test_edit_floor_replays_exactly_streampass_edits(family):
     assert [n.name for n in template.graph.nodes] != [n.name for n in result.graph.nodes]
 
 
+
+
+def test_edit_floor_replays_annotations_and_erased_fork_join():
+    """fork/join graphs: streampass annotates the region's nodes and erases the fork/join nodes."""
+    template = run_bench.lazy(random_stream_graph(150, 3, seed=5, style="fork_join"))
+    result = copy.deepcopy(template)
+    sp.run(result)
+    script, dropped = run_bench.edit_script(template, result)
+    assert dropped and any(step[0] == "edit" and step[5] is not run_bench._SAME for step in script)
+    assert run_bench.edit_floor(template, result, repeats=1) > 0
 
 def test_edit_floor_refuses_a_replay_that_does_not_reproduce_the_output(monkeypatch):
     template = run_bench.synthetic_graph(200, "regions", seed=4)
