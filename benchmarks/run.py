@@ -155,20 +155,24 @@ def _swaps(old_args, new_args) -> list[tuple[str, str]] | None:
     flat(new_args, b)
     if len(a) != len(b):
         return None
-    pairs = {}
+    pairs, kept = {}, set()
     for x, y in zip(a, b):
         if isinstance(x, torch.fx.Node) and isinstance(y, torch.fx.Node):
-            if x.name != y.name and pairs.setdefault(x.name, y.name) != y.name:
+            if x.name == y.name:
+                kept.add(x.name)
+            elif pairs.setdefault(x.name, y.name) != y.name:
                 return None  # one input read two new ways: not a plain swap
         elif x != y or isinstance(x, torch.fx.Node) or isinstance(y, torch.fx.Node):
             return None
+    if kept & pairs.keys():
+        return None  # an input swapped in one place and kept in another: replace_input_with swaps all
     return list(pairs.items())
 
 
 _SAME = object()  # an edit step's field that does not change
 
 
-def edit_script(template: torch.fx.GraphModule, result: torch.fx.GraphModule) -> list[tuple]:
+def edit_script(template: torch.fx.GraphModule, result: torch.fx.GraphModule) -> tuple[list[tuple], list[str]]:
     """The graph edits that turn ``template`` into ``result`` (streampass's output), node by node
     in ``result``'s order: ("keep", name), ("swap", name, [(old input, new input), ...]),
     ("edit", name, target, args, kwargs, custom meta), each field ``_SAME`` where it does not
@@ -199,9 +203,10 @@ def edit_floor(template: torch.fx.GraphModule, result: torch.fx.GraphModule, rep
 
     Replays :func:`edit_script` on a fresh copy of ``template`` the cheapest way FX allows
     (nodes inserted after their predecessor, made without arguments and then given them;
-    swapped inputs through ``replace_input_with``; the collector paused) and checks the copy ends up node for node like ``result``. Any pass
-    that produces this graph through FX pays at least this, so torch's time divided by it
-    caps the speedup any such pass can reach. Median of ``repeats``.
+    swapped inputs through ``replace_input_with``; the collector paused) and checks that the
+    copy ends up node for node like ``result``. Any pass that produces this graph through FX
+    pays at least this, so torch's time divided by it caps the speedup any such pass can
+    reach. Median of ``repeats``.
     """
     script, dropped = edit_script(template, result)
     times = []

@@ -41,7 +41,7 @@ class CrossStreamValue:
 
     value: Node
     stream: int
-    readers: dict[int, list[Node]] = field(default_factory=dict)
+    readers: dict[int, list[Node]] = field(default_factory=dict)  # stream -> its readers, in issue order
 
 
 def is_tensor_value(node: Node) -> bool:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import streampass as sp
 from streampass.synthetic import random_stream_graph
@@ -51,3 +52,13 @@ def test_edit_floor_refuses_a_replay_that_does_not_reproduce_the_output(monkeypa
     monkeypatch.setattr(run_bench, "edit_script", lambda t, r: (script, dropped))
     with pytest.raises(RuntimeError, match="did not reproduce"):
         run_bench.edit_floor(template, result, repeats=1)
+
+
+def test_swaps_only_for_plain_input_swaps():
+    g = torch.fx.Graph()
+    x, y, z = (g.placeholder(n) for n in "xyz")
+    assert run_bench._swaps((x, [z], 1), (y, [z], 1)) == [("x", "y")]
+    assert run_bench._swaps((x, x), (y, y)) == [("x", "y")]
+    assert run_bench._swaps((x, x), (x, y)) is None  # replace_input_with would swap both
+    assert run_bench._swaps((x, 1), (y, 2)) is None  # a constant changed
+    assert run_bench._swaps((x,), (y, z)) is None  # another structure
