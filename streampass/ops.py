@@ -128,10 +128,19 @@ def _inputs_dict_is_kept() -> bool:
     return isinstance(getattr(n, "_input_nodes", None), dict) and list(n._input_nodes) == n.all_input_nodes
 
 
-# ``input_nodes(node)``: ``node.all_input_nodes`` without building a list (FX keeps the inputs in
-# a dict, in the same order). Hot loops over every node's inputs use it; an FX that stores
-# inputs differently gets the public property.
-input_nodes = operator.attrgetter("_input_nodes" if _inputs_dict_is_kept() else "all_input_nodes")
+_INPUTS_ATTR = "_input_nodes" if _inputs_dict_is_kept() else "all_input_nodes"
+
+
+def input_nodes(node: torch.fx.Node):
+    """``node.all_input_nodes``, in the same order, without building a list: FX keeps a node's
+    inputs in a dict. Hot loops over every node's inputs use this; an FX that stores inputs
+    differently gets the public property.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> [n.name for n in input_nodes(g.call_function(torch.ops.aten.add.Tensor, (x, x)))]
+    ['x']
+    """
+    return getattr(node, _INPUTS_ATTR)
 
 
 def passthrough_source(node: torch.fx.Node) -> torch.fx.Node | None:
