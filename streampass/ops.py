@@ -38,7 +38,7 @@ SYNC_TARGETS = frozenset(
 STREAM_OPS = SYNC_TARGETS | {FORK, JOIN}
 # OpOverload.__hash__ is Python code; graph-wide scans test membership by id instead. The ops
 # live as long as the process, so no other object can share their ids.
-_STREAM_OP_IDS = frozenset(id(t) for t in STREAM_OPS)
+STREAM_OP_IDS = frozenset(id(t) for t in STREAM_OPS)
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def _subgraph_shape(node: torch.fx.Node) -> _SubgraphShape | None:
     if cached is not None and cached[0] == key:
         return cached[1]
     placeholders = tuple(n for n in graph.nodes if n.op == "placeholder")
-    stream_op = next((n for n in graph.nodes if n.op == "call_function" and id(n.target) in _STREAM_OP_IDS), None)
+    stream_op = next((n for n in graph.nodes if n.op == "call_function" and id(n.target) in STREAM_OP_IDS), None)
     out = next(n for n in reversed(graph.nodes) if n.op == "output").args[0]
     shape = _SubgraphShape(placeholders, stream_op, tuple(out) if isinstance(out, (tuple, list)) else None)
     sub.__dict__["_streampass_shape"] = (key, shape)
@@ -109,7 +109,7 @@ def as_sync_call(node: torch.fx.Node) -> SyncCall | None:
     """
     if node.op != "call_function":
         return None
-    if id(node.target) in _STREAM_OP_IDS:
+    if id(node.target) in STREAM_OP_IDS:
         return SyncCall(node.target, tuple(node.args), node, None)
     if node.target is CONTROL_DEPS:
         shape = _subgraph_shape(node)
@@ -194,7 +194,7 @@ class _SchemaFacts:
 
 
 _NO_FACTS = _SchemaFacts((), (), False)
-# Keyed by id (see _STREAM_OP_IDS); the entry holds the target so its id stays unique.
+# Keyed by id (see STREAM_OP_IDS); the entry holds the target so its id stays unique.
 _facts_cache: dict[int, tuple[Any, _SchemaFacts]] = {}
 
 

@@ -158,7 +158,7 @@ def read_streams(
     named: set[int] = set()
     compute: list[torch.fx.Node] = []
     passthroughs: list[torch.fx.Node] = []
-    maybe_sync = ops._STREAM_OP_IDS  # plus control_deps, tested below
+    maybe_sync = ops.STREAM_OP_IDS  # plus control_deps, tested below
     getitem, control_deps = operator.getitem, ops.CONTROL_DEPS
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
