@@ -33,11 +33,13 @@ import collections
 import copy
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import operator
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,7 +47,7 @@ import torch
 import torch.fx
 from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
 
-from . import ops
+from . import dynamo_indices, ops, runtime, snapshot
 from .annotate import AMBIENT
 from .apply import free_attr
 from .compat import aot_guard_on, cpu_safe_aot
@@ -187,6 +189,10 @@ class GraphReport:
     lowering: str  # "native" (GPU), "cpu" or "none"
     result: RunResult | None = dataclasses.field(default=None, repr=False)
     verified_graph: torch.fx.GraphModule | None = dataclasses.field(default=None, repr=False)
+    #: how stream indices relate to dynamo's object table (see :mod:`streampass.dynamo_indices`):
+    #: "dynamo" (the same; 0 is the ambient stream), "dynamo+1" (dynamo's index i is stream i + 1,
+    #: since dynamo gave index 0 to a user object) or "unknown"
+    indices: str = "dynamo"
 
     def to_json(self) -> dict:
         """The report's fields as a JSON-able dict (without the run result and the kept graph)."""
@@ -201,7 +207,14 @@ class GraphReport:
             f"{self.cross_stream_edges} cross-stream edge(s), added {self.records_added} record(s) "
             f"and {self.waits_added} wait(s), hazards {before} before -> {after} after"
             + ("" if before == 0 else f" {_nonzero(self.hazards_before)}")
+            + ("" if self.indices == "dynamo" else f"; stream indices: {_INDEX_NOTES[self.indices]}")
         )
+
+
+_INDEX_NOTES = {
+    "dynamo+1": "dynamo's index + 1 (dynamo gave index 0 to a user object, so 0 here is the ambient stream)",
+    "unknown": "as dynamo numbered them; whether index 0 is the ambient stream is not known (forward not seen)",
+}
 
 
 def _nonzero(kinds: dict[str, int]) -> dict[str, int]:
@@ -239,32 +252,56 @@ class StreamPass(CustomInferenceAwareGraphPass):
         return _hash_files(_source_files(), f"streampass-{__version__}")
 
     def __call__(self, graph: torch.fx.Graph, is_inference: bool = True) -> None:
+        if ops.is_sync_subgraph(graph):
+            # The body of a control_deps sync, handed over before the graph that calls it: it
+            # is planned, verified and lowered as part of that graph.
+            return
         gm = graph.owning_module
-        kind = "inference" if is_inference else ("backward" if _is_backward(graph) else "forward")
+        backward = not is_inference and _is_backward(graph)
+        kind = "inference" if is_inference else ("backward" if backward else "forward")
         device = _device_of(graph)
+        offset, indices = dynamo_indices.index_offset(backward)
+        saved = snapshot.take(gm)
+        try:
+            report = self._rewrite(gm, kind, device, offset, indices)
+        except Exception:
+            saved.restore()
+            gm.recompile()
+            raise
+        self.reports.append(report)
+        _emit(report)
+
+    def _rewrite(self, gm, kind: str, device: torch.device, offset: int, indices: str) -> GraphReport:
+        dynamo_indices.shift_indices(gm, offset)
         dag = StreamDAG.from_graph(gm)
         cross = len(dag.cross_stream_edges())
         if dag.streams == [AMBIENT] and not dag.assignment.syncs:
-            # Nothing to plan. On CPU an explicit ``custom.stream = 0`` (dynamo's index of the
-            # first torch.Stream used) must still not reach inductor's CPU codegen.
+            # Nothing to plan. On CPU an explicit ``custom.stream = 0`` must still not reach
+            # inductor's CPU codegen.
             lowered = device.type == "cpu" and lower_for_cpu(gm)
-            report = GraphReport(kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none")
-        else:
-            result = run(gm, bind_runtime=False, recompile=False)  # the lowering below recompiles
-            kept = _copy(gm) if self.keep_graphs else None
-            if device.type == "cpu":
-                lowering = "cpu"
-                lower_for_cpu(gm)
-            else:
-                lowering = "native"
-                lower_for_gpu(gm)
-            report = GraphReport(
-                kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
-                _nonzero(result.before.by_kind()), _nonzero(result.after.by_kind()), result.changed,
-                lowering, result, kept,
+            return GraphReport(
+                kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered or offset != 0,
+                "cpu" if lowered else "none", indices=indices,
             )  # fmt: skip
-        self.reports.append(report)
-        _emit(report)
+        result = run(gm, bind_runtime=False, recompile=False)  # the lowering below recompiles
+        kept = _copy(gm) if self.keep_graphs else None
+        if device.type == "cpu":
+            lowering = "cpu"
+            lower_for_cpu(gm)
+        else:
+            lowering = "native"
+            lower_for_gpu(gm)
+        return GraphReport(
+            kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
+            _nonzero(result.before.by_kind()), _nonzero(result.after.by_kind()), result.changed or offset != 0,
+            lowering, result, kept, indices,
+        )  # fmt: skip
+
+    def __deepcopy__(self, memo: dict) -> StreamPass:
+        # torch deep-copies inductor's config (which holds the pass) on every torch.compile
+        # call; a copy would drop the reports of the compile, and kept graphs hold fake
+        # tensors that cannot be copied. The pass is shared, as a function would be.
+        return self
 
     def __repr__(self) -> str:
         return "StreamPass()"
@@ -339,7 +376,7 @@ def lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
     """
     graph = gm.graph
     changed = False
-    a = read_streams(gm, getattr(gm, "_streampass_external_events", ()))
+    a = read_streams(gm, runtime.state(gm)["external_events"])
     tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
     for node in list(graph.nodes):
         call = a.syncs.get(node)
@@ -423,13 +460,13 @@ def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
     """
     install_object_fallback()
     graph = gm.graph
-    a = read_streams(gm, getattr(gm, "_streampass_external_events", ()))
+    a = read_streams(gm, runtime.state(gm)["external_events"])
     tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
     for node in list(graph.nodes):
         call = a.syncs.get(node)
         if call is None or call.wrapper is None:
             continue
-        sub = ops._subgraph_module(node)
+        sub = ops.subgraph_module(node)
         g = torch.fx.Graph()
         g.output(g.graph_copy(sub.graph, {}))
         attr = free_attr(gm, f"streampass_sync_{node.name}")
@@ -521,8 +558,50 @@ def enabled(pass_: StreamPass | None = None) -> Iterator[StreamPass]:
 
     passes = with_streampass(config.post_grad_custom_post_pass, pass_)
     install_object_fallback()
-    with config.patch(post_grad_custom_post_pass=passes), cpu_safe_aot_stream_passes():
+    with (
+        config.patch(post_grad_custom_post_pass=passes),
+        cpu_safe_aot_stream_passes(),
+        _backward_compiles_see(passes),
+    ):
         yield next(p for p in passes if isinstance(p, StreamPass))
+
+
+_hooked = threading.local()
+
+
+@contextlib.contextmanager
+def _backward_compiles_see(passes: list) -> Iterator[None]:
+    """Give the passes to every inductor compile that starts in the block as a config patch.
+
+    AOT autograd compiles a backward lazily, at the first ``.backward()``, which a training
+    loop calls after the block has ended; torch re-applies ``compile_fx``'s ``config_patches``
+    to that compile (the same path as ``torch.compile(options=...)``), and the config patch
+    of the block alone would be gone by then. ``torch.compile``'s inductor backend looks
+    ``compile_fx`` up on its module at each compile, which is where this wraps it.
+    """
+    from torch._inductor import compile_fx as module
+
+    original = module.compile_fx
+
+    @functools.wraps(original)
+    def compile_fx(model_, example_inputs_, *args, config_patches=None, **kwargs):
+        if getattr(_hooked, "active", False):  # compile_fx calls itself once it has patched
+            return original(model_, example_inputs_, *args, config_patches=config_patches, **kwargs)
+        patches = dict(config_patches or {})
+        patches["post_grad_custom_post_pass"] = with_streampass(
+            patches.get("post_grad_custom_post_pass", passes), next(p for p in passes if isinstance(p, StreamPass))
+        )
+        _hooked.active = True
+        try:
+            return original(model_, example_inputs_, *args, config_patches=patches, **kwargs)
+        finally:
+            _hooked.active = False
+
+    module.compile_fx = compile_fx
+    try:
+        yield
+    finally:
+        module.compile_fx = original
 
 
 # The guard for torch's AOT stream passes on CPU lives in streampass.compat; this name is kept

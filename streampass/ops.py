@@ -36,9 +36,26 @@ SYNC_TARGETS = frozenset(
     {RECORD_EVENT, WAIT_EVENT, WAIT_STREAM, SYNC_EVENT, SYNC_STREAM, SYNC_DEVICE, RECORD_STREAM, SYNC_DEALLOC}
 )
 STREAM_OPS = SYNC_TARGETS | {FORK, JOIN}
+# dynamo's own graphs (before AOT autograd) call the packets, ``torch.ops.streams.record_event``.
+_PACKET_DEFAULT = {id(t.overloadpacket): t for t in STREAM_OPS}
 # OpOverload.__hash__ is Python code; graph-wide scans test membership by id instead. The ops
 # live as long as the process, so no other object can share their ids.
-STREAM_OP_IDS = frozenset(id(t) for t in STREAM_OPS)
+STREAM_OP_IDS = frozenset(id(t) for t in STREAM_OPS) | frozenset(_PACKET_DEFAULT)
+
+
+# Which arguments of each stream op are stream or event indices (into dynamo's object table).
+INDEX_ARGS = {
+    RECORD_EVENT: (0, 1),
+    WAIT_EVENT: (0, 1),
+    SYNC_DEALLOC: (0, 1),
+    WAIT_STREAM: (0, 1),
+    SYNC_EVENT: (0,),
+    SYNC_STREAM: (0,),
+    RECORD_STREAM: (1,),
+    FORK: (0, 1),
+    JOIN: (0, 1),
+    SYNC_DEVICE: (),
+}
 
 
 @dataclass(frozen=True)
@@ -59,7 +76,8 @@ class SyncCall:
         return self.target._schema.name.split("::", 1)[1]
 
 
-def _subgraph_module(node: torch.fx.Node) -> torch.fx.GraphModule | None:
+def subgraph_module(node: torch.fx.Node) -> torch.fx.GraphModule | None:
+    """The subgraph a ``control_deps`` node runs (a module or the ``get_attr`` naming one), or None."""
     sub = node.args[1]
     if isinstance(sub, torch.fx.GraphModule):
         return sub
@@ -68,6 +86,31 @@ def _subgraph_module(node: torch.fx.Node) -> torch.fx.GraphModule | None:
         if owner is not None:
             return operator.attrgetter(sub.target)(owner)
     return None
+
+
+def is_sync_subgraph(graph: torch.fx.Graph) -> bool:
+    """Whether ``graph`` is the body of a ``control_deps`` sync: one stream op, its inputs as
+    placeholders, and an output that returns the op's result (alone or first, followed by
+    passthrough placeholders). torch's ``wrap_all_sync_nodes_with_control_deps`` and
+    streampass both make such bodies; inductor hands them to post-grad passes on their own,
+    before the graph that calls them.
+
+    >>> g = torch.fx.Graph(); dep = g.placeholder("dep_0")
+    >>> rec = g.call_function(RECORD_EVENT, (1, 2)); _ = g.output((rec, dep))
+    >>> is_sync_subgraph(g)
+    True
+    >>> g2 = torch.fx.Graph(); x = g2.placeholder("x")
+    >>> _ = g2.output((g2.call_function(torch.ops.aten.sin.default, (x,)),))
+    >>> is_sync_subgraph(g2)
+    False
+    """
+    calls = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    if len(calls) != 1 or calls[0].op != "call_function" or id(calls[0].target) not in STREAM_OP_IDS:
+        return False
+    out = next(n for n in reversed(graph.nodes) if n.op == "output").args[0]
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    rest = out[1:] if isinstance(out, (tuple, list)) else ()
+    return first is calls[0] and all(isinstance(r, torch.fx.Node) and r.op == "placeholder" for r in rest)
 
 
 @dataclass(frozen=True)
@@ -80,7 +123,7 @@ class _SubgraphShape:
 
 
 def _subgraph_shape(node: torch.fx.Node) -> _SubgraphShape | None:
-    sub = _subgraph_module(node)
+    sub = subgraph_module(node)
     if sub is None:
         return None
     graph = sub.graph
@@ -110,14 +153,15 @@ def as_sync_call(node: torch.fx.Node) -> SyncCall | None:
     if node.op != "call_function":
         return None
     if id(node.target) in STREAM_OP_IDS:
-        return SyncCall(node.target, tuple(node.args), node, None)
+        return SyncCall(_PACKET_DEFAULT.get(id(node.target), node.target), tuple(node.args), node, None)
     if node.target is CONTROL_DEPS:
         shape = _subgraph_shape(node)
         if shape is None or shape.stream_op is None:
             return None
         outer = dict(zip(shape.placeholders, node.args[2:]))
         args = torch.fx.map_arg(shape.stream_op.args, lambda a: outer.get(a, a))
-        return SyncCall(shape.stream_op.target, tuple(args), node, node)
+        target = shape.stream_op.target
+        return SyncCall(_PACKET_DEFAULT.get(id(target), target), tuple(args), node, node)
     return None
 
 

@@ -96,21 +96,6 @@ def _annotated_stream(node: torch.fx.Node) -> int | None:
     return check_stream_index(s, node.name)
 
 
-# Which arguments of each stream op are stream or event indices.
-_INDEX_ARGS = {
-    ops.RECORD_EVENT: (0, 1),
-    ops.WAIT_EVENT: (0, 1),
-    ops.SYNC_DEALLOC: (0, 1),
-    ops.WAIT_STREAM: (0, 1),
-    ops.SYNC_EVENT: (0,),
-    ops.SYNC_STREAM: (0,),
-    ops.RECORD_STREAM: (1,),
-    ops.FORK: (0, 1),
-    ops.JOIN: (0, 1),
-    ops.SYNC_DEVICE: (),
-}
-
-
 # The stream argument of the ops that name a stream other than the one they run on.
 _OTHER_STREAM_ARG = {ops.WAIT_STREAM: 1, ops.SYNC_STREAM: 0, ops.FORK: 1, ops.JOIN: 0}
 
@@ -118,7 +103,7 @@ _OTHER_STREAM_ARG = {ops.WAIT_STREAM: 1, ops.SYNC_STREAM: 0, ops.FORK: 1, ops.JO
 def _op_stream(call: ops.SyncCall) -> int:
     """The stream a stream op is issued on, from its own arguments (validated)."""
     t, a = call.target, call.args
-    for i in _INDEX_ARGS[t]:
+    for i in ops.INDEX_ARGS[t]:
         check_stream_index(a[i] if i < len(a) else None, call.node.name)
     if t in (ops.RECORD_EVENT, ops.WAIT_EVENT, ops.SYNC_DEALLOC, ops.RECORD_STREAM, ops.JOIN):
         return a[1]

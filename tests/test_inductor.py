@@ -20,6 +20,7 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass import compat
 from streampass import ops
+from streampass.annotate import AMBIENT
 
 # --------------------------------------------------------------------------------------------
 # Scenarios: each takes ``ctx(k)``, the way a block says "run on stream k".
@@ -76,9 +77,9 @@ SCENARIOS = {f.__name__: f for f in (branches, fanout, nested, chain, inplace, a
 MULTI_STREAM = {"branches", "fanout", "nested", "chain", "inplace"}
 
 # dynamo-captured torch.Stream contexts: one CPU stream object per index. On CPU dynamo gives
-# index 0 to the first stream the function uses (on CUDA: the current stream), and streampass
-# reads index 0 as the ambient stream, so the functions first enter the "ambient" one.
-_CPU_STREAMS = {k: torch.Stream("cpu") for k in (0, 1, 2, 3)}
+# index 0 to the first stream the function uses; StreamPass moves every index up by one so that
+# it is a side stream like the others (streampass.dynamo_indices).
+_CPU_STREAMS = {k: torch.Stream("cpu") for k in (1, 2, 3)}
 STYLES = {
     "sp.stream": sp.stream,
     "torch.Stream": lambda k: _CPU_STREAMS[k],
@@ -123,16 +124,8 @@ def _compile_and_run(name, style, mode, pass_=None):
     """Compile scenario ``name`` under StreamPass; returns (outputs, eager outputs, pass, run-time syncs)."""
     scenario, ctx = SCENARIOS[name], STYLES[style]
 
-    if style == "sp.stream":
-
-        def fn(x, y):
-            return scenario(ctx, x, y)
-
-    else:
-
-        def fn(x, y):
-            with _CPU_STREAMS[0]:
-                return scenario(ctx, x, y)
+    def fn(x, y):
+        return scenario(ctx, x, y)
 
     x, y = _inputs(name)
     pass_ = pass_ if pass_ is not None else spi.StreamPass(keep_graphs=True)
@@ -173,10 +166,16 @@ def test_end_to_end(name, style, mode):
     else:
         assert all(r.records_added == r.waits_added == 0 and r.streams == [0] for r in p.reports)
         assert runtime_syncs == 0
-        if style == "sp.stream":  # nothing annotated: nothing to do
-            assert all(not r.changed and r.lowering == "none" for r in p.reports)
-        else:  # dynamo's custom.stream = 0 is only kept away from inductor's CPU codegen
-            assert all(r.lowering == "cpu" for r in p.reports)
+        assert all(not r.changed and r.lowering == "none" for r in p.reports)
+    if style == "torch.Stream" and name in MULTI_STREAM:
+        # dynamo's index 0 is the first user stream: read as a side stream, not the ambient one
+        assert {r.indices for r in p.reports} == {"dynamo+1"}
+        kept = [r.verified_graph for r in p.reports if r.verified_graph is not None]
+        assert kept and AMBIENT not in {s for gm in kept for s in _annotated_streams(gm)}
+
+
+def _annotated_streams(gm):
+    return {n.meta["custom"]["stream"] for n in gm.graph.nodes if "stream" in n.meta.get("custom", {})}
 
 
 # --------------------------------------------------------------------------------------------

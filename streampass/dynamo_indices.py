@@ -1,0 +1,110 @@
+"""What dynamo's object indices mean in a graph being compiled: is index 0 the ambient stream?
+
+streampass reads stream index 0 as the ambient stream (the one current when the graph is
+called). dynamo makes that true on an accelerator: it registers the current stream at index 0
+before tracing. On a machine without one it registers nothing there, so the first
+``torch.Stream`` (or ``torch.Event``) the function uses gets index 0, and reading index 0 as
+ambient would fold a user's side stream into the ambient one.
+
+:func:`index_offset` looks at dynamo's object table while the pass runs (it holds the objects
+of the frame being compiled) and says by how much every index must move up so that 0 is free
+for the ambient stream; :func:`shift_indices` moves them. The shift is only ever applied to
+graphs lowered for CPU, whose stream ops all become no-ops, so the indices never reach dynamo's
+table at run time.
+
+A backward graph is compiled lazily, when the table may hold another frame's objects: the
+forward's answer is kept per tracing context (the backward compile runs in the forward's) and
+reused. When neither is known the answer is "unknown" and the report says so.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.fx
+from torch._dynamo import graph_bytecode_inputs as table
+
+from . import ops
+from .apply import free_attr
+
+#: tracing context of a forward compile -> the offset its graphs were read with
+_FORWARD_OFFSETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _tracing_context():
+    return torch._guards.TracingContext.try_get()
+
+
+def index_offset(is_backward: bool = False) -> tuple[int, str]:
+    """``(offset, how)``: add ``offset`` to every stream/event index so that 0 is the ambient stream.
+
+    ``how`` is ``"dynamo"`` (index 0 is dynamo's current stream, or unused), ``"dynamo+1"``
+    (index 0 holds a user object: every index moves up by one) or ``"unknown"`` (a backward
+    graph whose forward was not seen; indices are read as they are).
+
+    >>> saved = dict(table.index_to_external_object_weakref)
+    >>> table.index_to_external_object_weakref.clear()
+    >>> index_offset()  # nothing at index 0: it is free for the ambient stream
+    (0, 'dynamo')
+    >>> user_stream = torch.Stream("cpu")
+    >>> table.index_to_external_object_weakref[0] = weakref.ref(user_stream)
+    >>> index_offset() == ((0, "dynamo") if torch.accelerator.is_available() else (1, "dynamo+1"))
+    True
+    >>> table.index_to_external_object_weakref.clear(); table.index_to_external_object_weakref.update(saved)
+    """
+    if torch.accelerator.is_available():
+        return (0, "dynamo")  # dynamo registered the current stream at index 0
+    ctx = _tracing_context()
+    if is_backward:
+        if ctx is not None and ctx in _FORWARD_OFFSETS:
+            return _FORWARD_OFFSETS[ctx]
+        return (0, "unknown")
+    ref = dict.get(table.index_to_external_object_weakref, 0)
+    user_object_at_0 = ref is not None and ref() is not None
+    answer = (1, "dynamo+1") if user_object_at_0 else (0, "dynamo")
+    if ctx is not None:
+        _FORWARD_OFFSETS[ctx] = answer
+    return answer
+
+
+def shift_indices(gm: torch.fx.GraphModule, by: int) -> None:
+    """Add ``by`` to every ``custom.stream`` annotation and every index argument of a stream op
+    (plain, or inside a ``control_deps`` body, which gets a copy of its own).
+
+    >>> import torch, streampass as sp
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> y = g.call_function(torch.ops.aten.sin.default, (x,)); y.meta["custom"] = {"stream": 0}
+    >>> rec = g.call_function(ops.RECORD_EVENT, (1, 0)); _ = g.output((y,))
+    >>> gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    >>> shift_indices(gm, 1)
+    >>> y.meta["custom"], rec.args
+    ({'stream': 1}, (2, 1))
+    """
+    if by == 0:
+        return
+    for node in list(gm.graph.nodes):
+        custom = node.meta.get("custom")
+        if isinstance(custom, dict) and type(custom.get("stream")) is int:
+            node.meta["custom"] = {**custom, "stream": custom["stream"] + by}
+        call = ops.as_sync_call(node)
+        if call is None:
+            continue
+        positions = ops.INDEX_ARGS[call.target]
+        if call.wrapper is None:
+            node.args = _shifted(node.args, positions, by)
+            continue
+        body = torch.fx.Graph()
+        body.output(body.graph_copy(ops.subgraph_module(node).graph, {}))
+        for inner in body.nodes:
+            if inner.op == "call_function" and id(inner.target) in ops.STREAM_OP_IDS:
+                inner.args = _shifted(inner.args, positions, by)
+        attr = free_attr(gm, f"streampass_shifted_{node.name}")
+        gm.add_submodule(attr, torch.fx.GraphModule(gm, body, class_name="StreamSync"))
+        with gm.graph.inserting_before(node):
+            getter = gm.graph.get_attr(attr)
+        node.args = (node.args[0], getter, *node.args[2:])
+
+
+def _shifted(args: tuple, positions: tuple[int, ...], by: int) -> tuple:
+    return tuple(a + by if i in positions and type(a) is int else a for i, a in enumerate(args))

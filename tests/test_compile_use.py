@@ -1,0 +1,301 @@
+"""torch.compile as users run it: user syncs, backward after the block, torch's caches on.
+
+Each test gets a fresh inductor cache directory with the FX-graph and AOT-autograd caches on
+(torch's defaults), so a cache entry of one test never serves another.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch._dynamo
+import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import streampass as sp
+import streampass.inductor as spi
+from streampass import ops
+from streampass.reading import read_streams
+
+from reference import reference
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches(tmp_path, monkeypatch):
+    """torch's caches on, as by default, in a directory of this test's own."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    with (
+        inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
+        functorch_config.patch(enable_autograd_cache=True),
+    ):
+        yield
+    torch._dynamo.reset()
+
+
+def planned_syncs(report: spi.GraphReport) -> int:
+    """How many sync ops the graph had after planning (the user's, torch's and streampass's)."""
+    a = read_streams(report.verified_graph)
+    return sum(1 for c in a.syncs.values() if c.target not in (ops.FORK, ops.JOIN))
+
+
+def compile_and_compare(fn, *inputs, training=False):
+    """Compile ``fn`` under a keep-graphs StreamPass, call it once (and backward once, after the
+    block), compare with the reference; returns the pass and the syncs the compiled code ran."""
+
+    def fresh():
+        return [t.clone().requires_grad_(training and t.is_floating_point()) for t in inputs]
+
+    want, args_e = reference(fn, fresh)
+    p = spi.StreamPass(keep_graphs=True)
+    args_c = fresh()
+    before = sum(spi.RUNTIME_SYNCS.values())
+    with spi.enabled(p):
+        got = torch.compile(fn, fullgraph=True)(*args_c)
+    if training:
+        got.sum().backward()
+    ran = sum(spi.RUNTIME_SYNCS.values()) - before
+    torch.testing.assert_close(got, want)
+    if training:
+        want.sum().backward()
+        for c, e in zip(args_c, args_e):
+            torch.testing.assert_close(c.grad, e.grad)
+    for r in p.reports:
+        if r.verified_graph is not None:
+            assert sp.verify(r.verified_graph).ok, (r.graph, sp.verify(r.verified_graph))
+    return p, ran
+
+
+# --------------------------------------------------------------------------------------------
+# User syncs inside a compiled function (issue 11, item 1)
+# --------------------------------------------------------------------------------------------
+AMB, S1, S2 = torch.Stream("cpu"), torch.Stream("cpu"), torch.Stream("cpu")
+
+
+def event_record_wait(x):
+    with AMB:
+        e = torch.Event()
+        with S1:
+            y = x * 2
+            e.record()
+        e.wait()
+        return y + 1
+
+
+def stream_synchronize(x):
+    s = torch.Stream()
+    y = x + 1
+    s.synchronize()
+    return y * 2
+
+
+def stream_wait_stream(x):
+    with AMB:
+        with S1:
+            y = x * 3
+        AMB.wait_stream(S1)
+        return y + 1
+
+
+def event_synchronize(x):
+    with S1:
+        e = torch.Event()
+        y = x.sin()
+        e.record()
+    e.synchronize()
+    return y + x
+
+
+USER_SYNCS = [event_record_wait, stream_synchronize, stream_wait_stream, event_synchronize]
+
+
+@pytest.mark.parametrize("fn", USER_SYNCS, ids=[f.__name__ for f in USER_SYNCS])
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_user_syncs_compile_and_every_planned_sync_runs(fn, training):
+    p, ran = compile_and_compare(fn, torch.randn(4), training=training)
+    graphs = [r for r in p.reports if r.verified_graph is not None]
+    assert graphs, [r.line() for r in p.reports]
+    assert ran >= sum(planned_syncs(r) for r in graphs) > 0
+
+
+class _Keep(CustomGraphPass):
+    """A post-grad pass that keeps a copy of the graph it is given (what StreamPass gets next)."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, graph):
+        if not ops.is_sync_subgraph(graph):
+            gm = graph.owning_module
+            self.graphs.append(torch.fx.GraphModule(gm, copy.deepcopy(graph)))
+
+    def uuid(self):
+        return b"keep"
+
+
+def test_user_syncs_are_reused_exactly_as_run_does():
+    keep, p = _Keep(), spi.StreamPass(keep_graphs=True)
+    with inductor_config.patch(post_grad_custom_post_pass=keep), spi.enabled(p):
+        torch.compile(event_record_wait)(torch.randn(4))
+    (graph,) = keep.graphs
+    existing = planned_syncs(p.reports[0]) - p.reports[0].records_added - p.reports[0].waits_added
+    assert existing == 2  # the user's record and wait, kept
+    # the same graph, standalone (after the same index shift): the same syncs are added
+    from streampass.dynamo_indices import shift_indices
+
+    shift_indices(graph, 1)
+    alone = sp.run(graph, bind_runtime=False)
+    assert (alone.records_added, alone.waits_added) == (p.reports[0].records_added, p.reports[0].waits_added)
+
+
+def test_sync_bodies_are_left_to_the_graph_that_calls_them():
+    # torch's wait body has no inputs and waits on an event only the outer graph records
+    g = torch.fx.Graph()
+    g.output(g.call_function(ops.WAIT_EVENT, (2, 0)))
+    body = torch.fx.GraphModule(torch.nn.Module(), g)
+    code = body.code
+    p = spi.StreamPass()
+    p(body.graph)
+    assert body.code == code and p.reports == []
+    # and streampass's own bodies, as a second compile of a rewritten graph would hand them over
+    gm = make_fx(f_one)(torch.ones(4))
+    sp.run(gm, bind_runtime=False)
+    bodies = [m for m in gm.children() if isinstance(m, torch.fx.GraphModule)]
+    assert bodies
+    for m in bodies:
+        before = m.code
+        p(m.graph)
+        assert m.code == before
+    assert p.reports == []
+
+
+# --------------------------------------------------------------------------------------------
+# Backward compiled after the block (item 2), dynamo's index 0 on CPU (item 3)
+# --------------------------------------------------------------------------------------------
+def s_branches(x, w1, w2):
+    with sp.stream(1):
+        a = torch.relu(x @ w1)
+    with sp.stream(2):
+        b = torch.sigmoid(x @ w2)
+    return a + b
+
+
+def test_backward_after_the_block_goes_through_streampass():
+    inputs = [torch.randn(16, 16) for _ in range(3)]
+    p, ran = compile_and_compare(s_branches, *inputs, training=True)
+    assert [r.graph for r in p.reports] == ["forward", "backward"]
+    bwd = p.reports[1]
+    assert bwd.lowering == "cpu" and bwd.records_added > 0 and not bwd.hazards_after
+    assert ran >= sum(planned_syncs(r) for r in p.reports)
+
+
+def test_backward_outside_leaves_other_compiles_alone():
+    """After the block, a new compile gets no StreamPass: the hook is gone with the block."""
+    p = spi.StreamPass()
+    with spi.enabled(p):
+        out = torch.compile(s_branches)(*[torch.randn(8, 8, requires_grad=True) for _ in range(3)])
+    out.sum().backward()
+    n = len(p.reports)
+    torch.compile(lambda x: x.cos() * 2)(torch.randn(4))
+    assert len(p.reports) == n == 2
+
+
+def two_user_streams(x):
+    with S1:
+        a = x.sin()
+    with S2:
+        b = x.cos()
+    return a + b
+
+
+def test_first_user_stream_is_a_side_stream_on_cpu(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="streampass"):
+        p, _ = compile_and_compare(two_user_streams, torch.randn(4))
+    (r,) = p.reports
+    assert r.streams == [0, 1, 2] and r.indices == "dynamo+1"
+    line = next(rec.getMessage() for rec in caplog.records if rec.name.startswith("streampass"))
+    assert "streams [0, 1, 2]" in line and "dynamo's index + 1" in line
+    # both user streams are side streams: the ambient stream waits for both at exit
+    assert r.hazards_before.get("exit", 0) >= 2
+
+
+def test_sp_stream_indices_are_read_as_they_are():
+    p, _ = compile_and_compare(s_branches, *[torch.randn(8, 8) for _ in range(3)])
+    assert [r.indices for r in p.reports] == ["dynamo"] and p.reports[0].streams == [0, 1, 2]
+
+
+# --------------------------------------------------------------------------------------------
+# The pass in torch's deep-copied config (item 4)
+# --------------------------------------------------------------------------------------------
+def f_one(x):
+    with sp.stream(1):
+        y = x.sin()
+    return y + 1
+
+
+def f_two(x):
+    with sp.stream(1):
+        y = x.cos()
+    return y * 2
+
+
+def test_a_pass_that_kept_graphs_survives_the_next_compile():
+    p = sp.StreamPass(keep_graphs=True)
+    assert copy.deepcopy(p) is p
+    with spi.enabled(p):
+        torch.compile(f_one)(torch.ones(4))
+        torch.compile(f_two)(torch.ones(4))
+    assert len(p.reports) == 2 and all(sp.verify(r.verified_graph).ok for r in p.reports)
+
+
+# --------------------------------------------------------------------------------------------
+# A training loop, cold and warm caches, in fresh processes
+# --------------------------------------------------------------------------------------------
+def _job(mode: str, cache: str) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "training_job.py"), mode],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_training_loop_cold_then_warm(tmp_path):
+    cache = str(tmp_path / "cache")
+    eager = _job("eager", cache)
+    cold = _job("enabled", cache)
+    warm = _job("enabled", cache)
+    for run in (cold, warm):
+        assert run["losses"] == pytest.approx(eager["losses"], rel=1e-5)
+        assert run["checksum"] == pytest.approx(eager["checksum"], rel=1e-5) and run["steps"] == 3
+    # cold: both graphs compiled through StreamPass and verified clean
+    assert cold["fx_miss"] == 2 and cold["aot_miss"] == 1
+    assert [r[0] for r in cold["reports"]] == ["forward", "backward"] and all(r[3] for r in cold["reports"])
+    assert all(r[1] > 0 and r[2] > 0 for r in cold["reports"])
+    # warm: everything from the caches, the pass never ran, the same syncs ran
+    assert warm["aot_hit"] == 1 and warm["aot_miss"] == 0 and warm["reports"] == []
+    assert warm["syncs"] == cold["syncs"] > 0
+
+
+@pytest.mark.slow
+def test_training_loop_after_enable(tmp_path):
+    run = _job("enable", str(tmp_path / "cache"))
+    eager = _job("eager", str(tmp_path / "cache"))
+    assert run["losses"] == pytest.approx(eager["losses"], rel=1e-5)
+    assert [r[0] for r in run["reports"]] == ["forward", "backward"] and all(r[3] for r in run["reports"])
+    assert run["syncs"] > 0
