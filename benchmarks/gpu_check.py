@@ -116,7 +116,7 @@ def check_config(name: str, n: int, depth: int, iters: int, profile: str, device
         # the waits streampass leaves on side streams at exit (deferred frees) are not joined.
         def call():
             sp.execute(gm, x, w)
-            table = getattr(gm, "_streampass_table", None)
+            table = sp.runtime.state(gm)["table"]
             cur = torch.cuda.current_stream()
             for st in (table.streams.values() if table is not None else ()):
                 if st != cur:

@@ -118,10 +118,11 @@ def _run(gm, external_events, check, bind_runtime, recompile) -> RunResult:
             raise
         raise StreamPassError(f"internal error while applying the sync plan ({e!r}); the graph was restored") from e
 
-    gm._streampass_external_events = external_events
+    record = runtime.state(gm)
+    record["external_events"] = external_events
     if changed:
-        gm._streampass_table = None  # streams or events may have changed: rebuild on next call
-    if bind_runtime and (assignment.streams != [0] or plan.waits):
+        record["table"] = None  # streams or events may have changed: rebuild on next call
+    if bind_runtime and (assignment.streams != [0] or assignment.syncs or plan.waits):
         runtime.install(gm)
     if check:
         after_dag = StreamDAG.from_graph(gm, external_events)

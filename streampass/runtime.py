@@ -87,6 +87,11 @@ class StreamTable:
     def __init__(self, streams: dict[int, torch.Stream], events: dict[int, torch.Event], device: torch.device):
         self.streams, self.events, self.device = streams, events, device
 
+    def __reduce__(self):
+        # A copied or pickled graph gets its own objects, made at its first call: streams and
+        # events cannot be pickled, and sharing them between copies would share their events.
+        return (_no_table, ())
+
     @classmethod
     def for_graph(cls, gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> StreamTable:
         device = torch.device(device) if device is not None else graph_device(gm)
@@ -107,8 +112,24 @@ class StreamTable:
         return out
 
 
+def _no_table() -> None:
+    return None
+
+
+def state(gm: torch.fx.GraphModule) -> dict:
+    """streampass's record on ``gm`` (``gm.meta["streampass"]``): the external events it was
+    run with and the cached :class:`StreamTable`. It travels with ``copy.deepcopy`` and pickling.
+
+    >>> import torch
+    >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    >>> state(gm)
+    {'external_events': (), 'table': None}
+    """
+    return gm.meta.setdefault("streampass", {"external_events": (), "table": None})
+
+
 def _external(gm: torch.fx.GraphModule) -> tuple[int, ...]:
-    return tuple(getattr(gm, "_streampass_external_events", ()))
+    return tuple(state(gm)["external_events"])
 
 
 @contextlib.contextmanager
@@ -130,10 +151,10 @@ def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> 
     >>> inside, dict(table.index_to_external_object_weakref) == before
     (True, True)
     """
-    t = getattr(gm, "_streampass_table", None)
+    record = state(gm)
+    t = record["table"]
     if t is None or (device is not None and torch.device(device) != t.device):
-        t = StreamTable.for_graph(gm, device)
-        gm._streampass_table = t
+        t = record["table"] = StreamTable.for_graph(gm, device)
     entries = t.entries()
     saved = {i: table.index_to_external_object_weakref.get(i) for i in entries}
     try:
@@ -164,23 +185,26 @@ def install(gm: torch.fx.GraphModule) -> None:
     >>> len(gm._forward_pre_hooks), torch.equal(gm(torch.ones(4)), f(torch.ones(4)))
     (1, True)
     """
-    if getattr(gm, "_streampass_hooks", None):
+    if _bind_before_call in gm._forward_pre_hooks.values():
         return
-    stack: list[contextlib.ExitStack] = []
+    gm.register_forward_pre_hook(_bind_before_call)
+    gm.register_forward_hook(_unbind_after_call, always_call=True)
 
-    def pre(module, args):
-        es = contextlib.ExitStack()
-        es.enter_context(bind(module))
-        stack.append(es)
 
-    def post(module, args, output):
-        if stack:
-            stack.pop().close()
+# Module-level hooks (not closures), so a graph with them can be deep-copied and pickled.
+_open_binds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    gm._streampass_hooks = (
-        gm.register_forward_pre_hook(pre),
-        gm.register_forward_hook(post, always_call=True),
-    )
+
+def _bind_before_call(module, args) -> None:
+    es = contextlib.ExitStack()
+    es.enter_context(bind(module))
+    _open_binds.setdefault(module, []).append(es)
+
+
+def _unbind_after_call(module, args, output) -> None:
+    stack = _open_binds.get(module)
+    if stack:
+        stack.pop().close()
 
 
 class StreamInterpreter(torch.fx.Interpreter):
