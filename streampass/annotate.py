@@ -11,6 +11,7 @@ from torch.fx import traceback as fx_traceback
 from .errors import StreamPassError
 
 AMBIENT = 0
+MAX_INDEX = 2**63 - 1  # the stream ops take SymInt: an int64
 
 
 def check_stream_index(k: object, node: str | None = None) -> int:
@@ -19,6 +20,8 @@ def check_stream_index(k: object, node: str | None = None) -> int:
         raise StreamPassError(f"stream index must be an int, got {k!r} ({type(k).__name__})", node)
     if k < 0:
         raise StreamPassError(f"stream index must be >= 0, got {k}", node)
+    if k > MAX_INDEX:
+        raise StreamPassError(f"stream index {k} does not fit in the int64 the stream ops take (max {MAX_INDEX})", node)
     return k
 
 

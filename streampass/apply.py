@@ -273,6 +273,7 @@ class _Editor:
         getter = self._subgraph(call, len(passthrough))
         sync.target = ops.CONTROL_DEPS
         sync.args = (tuple(deps), getter, *call.args, *passthrough)
+        sync.kwargs = {}  # call.args holds them in schema order
         self.edited.append(sync)
         self.changed = True
         self._reroute(sync, passthrough, rewires)

@@ -54,6 +54,7 @@ from .compat import aot_guard_on, cpu_safe_aot
 from .dag import StreamDAG
 from .pipeline import RunResult, run
 from .plan import EVENT_BASE
+from .runtime import install_object_fallback
 from .reading import read_streams
 
 log = logging.getLogger(__name__)
@@ -106,68 +107,6 @@ def _(deps, op, args) -> None:
 
 torch.fx.node.has_side_effect(torch.ops.streampass.sync.default)
 SYNC = torch.ops.streampass.sync.default
-
-
-# --------------------------------------------------------------------------------------------
-# Run-time objects for indices dynamo did not register (GPU graphs)
-# --------------------------------------------------------------------------------------------
-class _ObjectTable(dict):
-    """dynamo's index -> weakref table, answering indices nobody registered (see module doc).
-
-    Index 0 is the current stream, an index ``>= EVENT_BASE`` an event and any other index a
-    side stream, all of the current accelerator (no-op objects on CPU). The objects are owned
-    by :data:`_FALLBACK` and reused for the whole process.
-    """
-
-    def __contains__(self, index: object) -> bool:
-        return dict.__contains__(self, index) or (isinstance(index, int) and index >= 0)
-
-    def __missing__(self, index: int):
-        obj = _fallback_object(index)
-        return lambda: obj
-
-
-_FALLBACK: dict[tuple[str, int], Any] = {}
-
-
-def _fallback_object(index: int):
-    from .runtime import NoOpEvent, NoOpStream
-
-    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    device = torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
-    if device.type == "cpu":
-        key = ("cpu", index)
-        if key not in _FALLBACK:
-            _FALLBACK[key] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
-        return _FALLBACK[key]
-    if index == AMBIENT:
-        return torch.accelerator.current_stream(device)
-    key = (str(device), index)
-    if key not in _FALLBACK:
-        _FALLBACK[key] = torch.Event(device) if index >= EVENT_BASE else torch.Stream(device)
-    return _FALLBACK[key]
-
-
-def install_object_fallback() -> None:
-    """Let dynamo's object table answer indices it has no entry for (idempotent, process-wide).
-
-    Only lookups that would fail (``AssertionError: Index not registered``) change; dynamo's
-    own entries, its per-call prologue and ``reset_user_object_tracking`` work as before.
-
-    >>> from torch._dynamo import graph_bytecode_inputs as table
-    >>> saved_table = table.index_to_external_object_weakref
-    >>> install_object_fallback()
-    >>> install_object_fallback()  # a second call changes nothing
-    >>> type(table.index_to_external_object_weakref).__name__
-    '_ObjectTable'
-    >>> EVENT_BASE in table.index_to_external_object_weakref, -1 in table.index_to_external_object_weakref
-    (True, False)
-    >>> table.index_to_external_object_weakref = saved_table  # undo the process-wide fallback
-    """
-    from torch._dynamo import graph_bytecode_inputs as table
-
-    if not isinstance(table.index_to_external_object_weakref, _ObjectTable):
-        table.index_to_external_object_weakref = _ObjectTable(table.index_to_external_object_weakref)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ graph gets that table filled when it is called eagerly.
 from __future__ import annotations
 
 import operator
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,24 +123,42 @@ class _SubgraphShape:
     outputs: tuple | None  # the output node's tuple, or None if it returns a single value
 
 
+_shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> (node count, shape)
+
+
 def _subgraph_shape(node: torch.fx.Node) -> _SubgraphShape | None:
     sub = subgraph_module(node)
     if sub is None:
         return None
     graph = sub.graph
-    # Cached on the module; the key notices a graph replaced or grown/shrunk since. An edit in
-    # place that keeps the node count would go unnoticed: nothing edits sync subgraphs so
-    # (streampass and torch's wrap pass make a new subgraph for every change).
-    key = (id(graph), len(graph.nodes))
-    cached = sub.__dict__.get("_streampass_shape")
-    if cached is not None and cached[0] == key:
+    # Cached per graph object, outside the module (which must stay picklable); the count
+    # notices a graph grown or shrunk since. An edit in place that keeps the node count would
+    # go unnoticed: nothing edits sync subgraphs so (streampass and torch's wrap pass make a
+    # new subgraph for every change).
+    cached = _shapes.get(graph)
+    if cached is not None and cached[0] == len(graph.nodes):
         return cached[1]
     placeholders = tuple(n for n in graph.nodes if n.op == "placeholder")
     stream_op = next((n for n in graph.nodes if n.op == "call_function" and id(n.target) in STREAM_OP_IDS), None)
     out = next(n for n in reversed(graph.nodes) if n.op == "output").args[0]
     shape = _SubgraphShape(placeholders, stream_op, tuple(out) if isinstance(out, (tuple, list)) else None)
-    sub.__dict__["_streampass_shape"] = (key, shape)
+    _shapes[graph] = (len(graph.nodes), shape)
     return shape
+
+
+def _positional(target: Any, args: tuple, kwargs: dict) -> tuple:
+    """A stream op's arguments in schema order, keyword arguments included."""
+    if not kwargs:
+        return tuple(args)
+    out = list(args)
+    for a in target._schema.arguments[len(args):]:
+        if a.name in kwargs:
+            out.append(kwargs[a.name])
+        elif a.has_default_value():
+            out.append(a.default_value)
+        else:
+            break
+    return tuple(out)
 
 
 def as_sync_call(node: torch.fx.Node) -> SyncCall | None:
@@ -149,19 +168,23 @@ def as_sync_call(node: torch.fx.Node) -> SyncCall | None:
     >>> n = g.call_function(RECORD_EVENT, (7, 1))
     >>> as_sync_call(n).name, as_sync_call(n).args
     ('record_event', (7, 1))
+    >>> as_sync_call(g.call_function(WAIT_EVENT, (), {"event_index": 7, "stream_index": 0})).args
+    (7, 0)
     """
     if node.op != "call_function":
         return None
     if id(node.target) in STREAM_OP_IDS:
-        return SyncCall(_PACKET_DEFAULT.get(id(node.target), node.target), tuple(node.args), node, None)
+        target = _PACKET_DEFAULT.get(id(node.target), node.target)
+        return SyncCall(target, _positional(target, node.args, node.kwargs), node, None)
     if node.target is CONTROL_DEPS:
         shape = _subgraph_shape(node)
         if shape is None or shape.stream_op is None:
             return None
         outer = dict(zip(shape.placeholders, node.args[2:]))
-        args = torch.fx.map_arg(shape.stream_op.args, lambda a: outer.get(a, a))
-        target = shape.stream_op.target
-        return SyncCall(_PACKET_DEFAULT.get(id(target), target), tuple(args), node, node)
+        target = _PACKET_DEFAULT.get(id(shape.stream_op.target), shape.stream_op.target)
+        args = _positional(target, shape.stream_op.args, shape.stream_op.kwargs)
+        args = torch.fx.map_arg(args, lambda a: outer.get(a, a))
+        return SyncCall(target, tuple(args), node, node)
     return None
 
 

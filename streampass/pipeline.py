@@ -100,23 +100,57 @@ def _collector_paused():
             gc.enable()
 
 
+def hoist_attributes(gm: torch.fx.GraphModule) -> bool:
+    """Move every ``get_attr`` up to the graph's inputs; returns whether any moved.
+
+    A parameter or buffer is an input like a placeholder, ready on the ambient stream at entry,
+    wherever ``make_fx`` put its ``get_attr`` (at first use). Moving it up changes no value
+    and lets the entry records that cover it stand with the other inputs.
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> class M(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__(); self.w = torch.nn.Parameter(torch.ones(2, 2))
+    ...     def forward(self, x):
+    ...         return x.sin() @ self.w
+    >>> gm = make_fx(M())(torch.ones(2, 2))
+    >>> [n.op for n in gm.graph.nodes][:3]
+    ['placeholder', 'call_function', 'get_attr']
+    >>> hoist_attributes(gm), [n.op for n in gm.graph.nodes][:3], hoist_attributes(gm)
+    (True, ['placeholder', 'get_attr', 'call_function'], False)
+    """
+    last = None  # the last node of the leading run of inputs
+    moved = False
+    for node in list(gm.graph.nodes):
+        if node.op in ("placeholder", "get_attr") and (last is None or node.prev is last):
+            last = node
+        elif node.op == "get_attr":
+            if last is None:
+                next(iter(gm.graph.nodes)).prepend(node)
+            else:
+                last.append(node)
+            last, moved = node, True
+    return moved
+
+
 def _run(gm, external_events, check, bind_runtime, recompile) -> RunResult:
     external_events = tuple(external_events)
-    assignment = read_streams(gm, external_events)
-    dag = StreamDAG(assignment)
-    reqs = requirements(assignment)
-    before = Report(find_hazards(dag, reqs), dag.streams)
-    plan = plan_syncs(assignment, reqs=reqs)
-
     saved = snapshot.take(gm)
     try:
-        changed = apply_plan(gm, plan, recompile=recompile)
+        hoisted = hoist_attributes(gm)
+        assignment = read_streams(gm, external_events)
+        dag = StreamDAG(assignment)
+        reqs = requirements(assignment)
+        before = Report(find_hazards(dag, reqs), dag.streams)
+        plan = plan_syncs(assignment, reqs=reqs)
+        changed = apply_plan(gm, plan, recompile=recompile) or hoisted
     except Exception as e:
         saved.restore()
         gm.recompile()
         if isinstance(e, StreamPassError):
             raise
-        raise StreamPassError(f"internal error while applying the sync plan ({e!r}); the graph was restored") from e
+        raise StreamPassError(f"internal error ({e!r}); the graph was restored") from e
 
     record = runtime.state(gm)
     record["external_events"] = external_events

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from . import ops
+from .annotate import MAX_INDEX
+from .errors import StreamPassError
 from .dag import vector_clocks
 from .hazards import CrossStreamValue, requirements
 from .reading import StreamAssignment
@@ -127,6 +129,17 @@ def first_free_event(a: StreamAssignment) -> int:
     for call in a.syncs.values():
         used.update(x for x in call.args if isinstance(x, int) and not isinstance(x, bool))
     return max(max(used) + 1, EVENT_BASE)
+
+
+def check_event_indices(a: StreamAssignment, first: int, count: int) -> None:
+    """Refuse a plan whose new event indices would not fit in the int64 the stream ops take."""
+    if count and first + count - 1 > MAX_INDEX:
+        node = max(a.nodes, key=lambda n: a.stream.get(n, 0))
+        raise StreamPassError(
+            f"the plan needs {count} new event index(es) above {first - 1}, the largest index in the graph, "
+            f"but stream/event indices must fit in int64 (max {MAX_INDEX}); use smaller stream indices",
+            node.name,
+        )
 
 
 class _Clocks:
@@ -609,4 +622,6 @@ def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan
     >>> [(w.source, w.stream, w.before.name) for w in plan.waits], plan.exact
     ([(0, 1, 'sin'), (1, 0, 'add'), (0, 1, 'output')], True)
     """
-    return _Planner(a, dealloc).run(reqs)
+    plan = _Planner(a, dealloc).run(reqs)
+    check_event_indices(a, plan.first_event, len(plan.records))
+    return plan

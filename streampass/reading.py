@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from . import ops
-from .annotate import AMBIENT, check_stream_index
+from .annotate import AMBIENT, MAX_INDEX, check_stream_index
 from .errors import StreamPassError
 
 
@@ -91,7 +91,7 @@ def _annotated_stream(node: torch.fx.Node) -> int | None:
     if not isinstance(custom, dict):
         return None
     s = custom.get("stream")
-    if s is None or (type(s) is int and s >= 0):
+    if s is None or (type(s) is int and 0 <= s <= MAX_INDEX):
         return s
     return check_stream_index(s, node.name)
 
@@ -148,6 +148,9 @@ def read_streams(
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
     for node in nodes:
+        for inp in ops.input_nodes(node):
+            if inp not in root:
+                raise StreamPassError(f"uses {inp.name!r} before it is defined (the graph is not in topological order)", node.name)
         op = node.op
         target = node.target
         if op == "call_function" and (id(target) in maybe_sync or target is control_deps):

@@ -7,6 +7,12 @@ one call: index 0 is the stream current at call time, every other stream index g
 ``torch.Stream`` owned by the graph, every event index one ``torch.Event``. Entries that were
 there before are put back afterwards, so nothing leaks from one graph to another.
 
+A copy of the graph (``copy.deepcopy``, pickling) loses those hooks, and a compiled graph
+looks up indices streampass allocated that dynamo never registered: for both,
+:func:`install_object_fallback` lets dynamo's table answer an index it has no entry for with
+a process-wide object (index 0 the current stream, an index ``>= EVENT_BASE`` an event, any
+other a side stream). :func:`install` turns it on.
+
 On CPU, torch's events cannot be recorded, so CPU graphs get :class:`NoOpEvent` and
 :class:`NoOpStream` (subclasses, so the ops' type checks pass); every sync is then a no-op
 and results equal the original graph's bit for bit.
@@ -17,11 +23,14 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.fx
 from torch._dynamo import graph_bytecode_inputs as table
 
+from .annotate import AMBIENT
+from .plan import EVENT_BASE
 from .reading import read_streams
 
 
@@ -52,6 +61,66 @@ class NoOpStream(torch.Stream):
 
     def synchronize(self) -> None:
         pass
+
+
+# --------------------------------------------------------------------------------------------
+# Objects for indices nobody registered (compiled graphs, and copies that lost their hooks)
+# --------------------------------------------------------------------------------------------
+class _ObjectTable(dict):
+    """dynamo's index -> weakref table, answering indices nobody registered (see module doc).
+
+    Index 0 is the current stream, an index ``>= EVENT_BASE`` an event and any other index a
+    side stream, all of the current accelerator (no-op objects on CPU). The objects are owned
+    by :data:`_FALLBACK` and reused for the whole process.
+    """
+
+    def __contains__(self, index: object) -> bool:
+        return dict.__contains__(self, index) or (isinstance(index, int) and index >= 0)
+
+    def __missing__(self, index: int):
+        obj = _fallback_object(index)
+        return lambda: obj
+
+
+_FALLBACK: dict[tuple[str, int], Any] = {}
+
+
+def _fallback_object(index: int):
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    device = torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
+    if device.type == "cpu":
+        key = ("cpu", index)
+        if key not in _FALLBACK:
+            _FALLBACK[key] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
+        return _FALLBACK[key]
+    if index == AMBIENT:
+        return torch.accelerator.current_stream(device)
+    key = (str(device), index)
+    if key not in _FALLBACK:
+        _FALLBACK[key] = torch.Event(device) if index >= EVENT_BASE else torch.Stream(device)
+    return _FALLBACK[key]
+
+
+def install_object_fallback() -> None:
+    """Let dynamo's object table answer indices it has no entry for (idempotent, process-wide).
+
+    Only lookups that would fail (``AssertionError: Index not registered``) change; dynamo's
+    own entries, its per-call prologue and ``reset_user_object_tracking`` work as before.
+
+    >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> saved_table = table.index_to_external_object_weakref
+    >>> install_object_fallback()
+    >>> install_object_fallback()  # a second call changes nothing
+    >>> type(table.index_to_external_object_weakref).__name__
+    '_ObjectTable'
+    >>> EVENT_BASE in table.index_to_external_object_weakref, -1 in table.index_to_external_object_weakref
+    (True, False)
+    >>> table.index_to_external_object_weakref = saved_table  # undo the process-wide fallback
+    """
+    from torch._dynamo import graph_bytecode_inputs as table
+
+    if not isinstance(table.index_to_external_object_weakref, _ObjectTable):
+        table.index_to_external_object_weakref = _ObjectTable(table.index_to_external_object_weakref)
 
 
 def graph_device(gm: torch.fx.GraphModule) -> torch.device:
@@ -185,6 +254,7 @@ def install(gm: torch.fx.GraphModule) -> None:
     >>> len(gm._forward_pre_hooks), torch.equal(gm(torch.ones(4)), f(torch.ones(4)))
     (1, True)
     """
+    install_object_fallback()  # copies of gm lose the hooks (GraphModule.__deepcopy__, pickling)
     if _bind_before_call in gm._forward_pre_hooks.values():
         return
     gm.register_forward_pre_hook(_bind_before_call)

@@ -1,0 +1,152 @@
+"""The standalone pass on graphs users make: modules, copies, odd input (issue 12 regressions)."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import streampass as sp
+from streampass import ops
+from streampass.annotate import MAX_INDEX
+
+aten = torch.ops.aten
+
+
+class WithParam(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        a = x.sin()
+        with sp.stream(1):
+            y = x @ self.w
+        return y + a
+
+
+class WithBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(4))
+
+    def forward(self, x):
+        a = x.cos()
+        with sp.stream(1):
+            self.count.add_(1)
+            y = x * self.count
+        return y + a
+
+
+@pytest.mark.parametrize("make", [WithParam, WithBuffer], ids=["parameter", "buffer"])
+def test_module_attributes_are_inputs_wherever_they_stand(make):
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(2, 4)
+    gm = make_fx(model)(x)
+    kinds = [n.op for n in gm.graph.nodes]
+    assert kinds.index("get_attr") > kinds.index("call_function")  # make_fx puts it at first use
+    original = copy.deepcopy(gm)  # its own copy of the parameters and buffers
+    result = sp.run(gm)
+    assert result.ok, result.after.hazards
+    again = sp.run(gm)
+    assert not again.changed and again.ok  # converges: a second run adds nothing
+    torch.testing.assert_close(gm(x), original(x))
+
+
+def _side_stream_graph():
+    def f(x):
+        with sp.stream(1):
+            y = x.sin()
+        return y + 1
+
+    return f, make_fx(f)(torch.ones(3))
+
+
+def test_a_run_and_called_graph_can_be_copied_and_pickled():
+    f, gm = _side_stream_graph()
+    sp.run(gm)
+    x = torch.randn(3)
+    torch.testing.assert_close(gm(x), f(x))
+    twin = copy.deepcopy(gm)
+    torch.testing.assert_close(twin(x), f(x))
+    buf = io.BytesIO()
+    torch.save(gm, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    torch.testing.assert_close(loaded(x), f(x))
+
+
+@pytest.mark.parametrize("index", [MAX_INDEX + 1, 2**80])
+def test_stream_index_beyond_int64_is_refused(index):
+    _, gm = _side_stream_graph()
+    next(n for n in gm.graph.nodes if n.op == "call_function").meta["custom"] = {"stream": index}
+    code = gm.code
+    with pytest.raises(sp.StreamPassError, match="int64"):
+        sp.run(gm)
+    assert gm.code == code
+
+
+def test_event_indices_never_leave_int64():
+    _, gm = _side_stream_graph()
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    node.meta["custom"] = {"stream": MAX_INDEX}  # a legal stream index that leaves no room for events
+    code = gm.code
+    with pytest.raises(sp.StreamPassError, match="new event index"):
+        sp.run(gm)
+    assert gm.code == code
+
+
+def test_use_before_definition_is_refused_and_graph_unchanged():
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(aten.sin.default, (x,))
+    b = g.call_function(aten.cos.default, (a,))
+    b.meta["custom"] = {"stream": 1}
+    g.output((b,))
+    b.append(a)  # now b reads a before a is defined
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    order = [n.name for n in gm.graph.nodes]
+    with pytest.raises(sp.StreamPassError, match="before it is defined") as info:
+        sp.run(gm)
+    assert "'cos_default'" in str(info.value) and "'sin_default'" in str(info.value)
+    assert [n.name for n in gm.graph.nodes] == order
+
+
+def _meta(node, val):
+    node.meta["val"] = val
+    return node
+
+
+def test_syncs_with_keyword_arguments_are_read_through_the_schema():
+    g = torch.fx.Graph()
+    v = torch.empty(3)
+    x = _meta(g.placeholder("x"), v)
+    a = _meta(g.call_function(aten.sin.default, (x,)), v)
+    a.meta["custom"] = {"stream": 1}
+    g.call_function(ops.RECORD_EVENT, (), {"event_index": 5, "stream_index": 1})
+    g.call_function(ops.WAIT_EVENT, (), {"event_index": 5, "stream_index": 0})
+    b = _meta(g.call_function(aten.cos.default, (a,)), v)
+    g.output((b,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert not any(h.kind == "raw" for h in sp.verify(gm).hazards)  # the user's wait is seen
+    result = sp.run(gm)
+    assert result.ok and not sp.run(gm).changed
+    xs = torch.randn(3)
+    torch.testing.assert_close(gm(xs)[0], xs.sin().cos())
+
+
+def test_single_stream_graph_with_a_user_record_runs_after_run():
+    g = torch.fx.Graph()
+    v = torch.empty(3)
+    x = _meta(g.placeholder("x"), v)
+    a = _meta(g.call_function(aten.sin.default, (x,)), v)
+    g.call_function(ops.RECORD_EVENT, (5, 0))
+    g.output((a,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert sp.run(gm).ok
+    xs = torch.randn(3)
+    torch.testing.assert_close(gm(xs)[0], xs.sin())
