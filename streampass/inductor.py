@@ -66,15 +66,12 @@ RUNTIME_SYNCS: collections.Counter[str] = collections.Counter()
 
 STREAM_KEY = "streampass_stream"  # where CPU graphs keep a node's stream for inductor
 
-_PASS_MODULES = (
-    "inductor.py", "pipeline.py", "reading.py", "plan.py", "apply.py", "verify.py",
-    "hazards.py", "dag.py", "ops.py", "annotate.py", "runtime.py", "errors.py", "compat.py",
-)  # fmt: skip
-
 
 def _source_files() -> tuple[str, ...]:
+    """Every module of the package: the pass may run any of them, and a hand-kept list goes
+    stale silently when a module is added or renamed."""
     here = os.path.dirname(os.path.abspath(__file__))
-    return tuple(os.path.join(here, m) for m in _PASS_MODULES)
+    return tuple(sorted(os.path.join(here, m) for m in os.listdir(here) if m.endswith(".py")))
 
 
 def _hash_files(paths: tuple[str, ...], extra: str) -> bytes:
@@ -163,7 +160,7 @@ def _nonzero(kinds: dict[str, int]) -> dict[str, int]:
 class StreamPass(CustomInferenceAwareGraphPass):
     """:func:`streampass.run` as ``torch._inductor.config.post_grad_custom_post_pass``.
 
-    ``uuid()`` hashes the source of every streampass module the pass runs, streampass's
+    ``uuid()`` hashes the source of every streampass module, streampass's
     version and the options, so inductor's FX graph cache reuses a compiled graph only if
     the pass that made it is the same.
 
