@@ -72,6 +72,26 @@ def reserve_stream_indices(n: int) -> None:
 
 
 @pytest.fixture
+def fresh_caches(tmp_path, monkeypatch):
+    """torch's FX-graph and AOT-autograd caches on, as by default, in a directory of this test's
+    own (so no cache entry of one test serves another), dynamo and its counters reset."""
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    counters.clear()
+    with (
+        inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
+        functorch_config.patch(enable_autograd_cache=True),
+    ):
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def fanout_graph():
     """A backward-tagged graph where one producer on stream 1 is read on streams 0 and 2.
 

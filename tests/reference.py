@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from streampass import ops
+from streampass.reading import read_streams
 from streampass.runtime import run_serial
+
+
+def planned_syncs(gm: torch.fx.GraphModule) -> int:
+    """How many sync ops a graph holds after planning (the user's, torch's and streampass's)."""
+    return sum(1 for c in read_streams(gm).syncs.values() if c.target not in (ops.FORK, ops.JOIN))
 
 
 def _serial_backend(gm: torch.fx.GraphModule, example_inputs):

@@ -1,8 +1,5 @@
-"""torch.compile as users run it: user syncs, backward after the block, torch's caches on.
-
-Each test gets a fresh inductor cache directory with the FX-graph and AOT-autograd caches on
-(torch's defaults), so a cache entry of one test never serves another.
-"""
+"""torch.compile as users run it: user syncs, backward after the block, torch's caches on
+(the ``fresh_caches`` fixture: a cache directory per test)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ import sys
 import pytest
 import torch
 import torch._dynamo
-import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
@@ -24,30 +20,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import streampass as sp
 import streampass.inductor as spi
 from streampass import ops
-from streampass.reading import read_streams
 
-from reference import reference
+from reference import planned_syncs, reference
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(autouse=True)
-def fresh_caches(tmp_path, monkeypatch):
-    """torch's caches on, as by default, in a directory of this test's own."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    with (
-        inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=True),
-    ):
-        yield
-    torch._dynamo.reset()
-
-
-def planned_syncs(report: spi.GraphReport) -> int:
-    """How many sync ops the graph had after planning (the user's, torch's and streampass's)."""
-    a = read_streams(report.verified_graph)
-    return sum(1 for c in a.syncs.values() if c.target not in (ops.FORK, ops.JOIN))
+pytestmark = pytest.mark.usefixtures("fresh_caches")
 
 
 def compile_and_compare(fn, *inputs, training=False):
@@ -126,7 +105,7 @@ def test_user_syncs_compile_and_every_planned_sync_runs(fn, training):
     p, ran = compile_and_compare(fn, torch.randn(4), training=training)
     graphs = [r for r in p.reports if r.verified_graph is not None]
     assert graphs, [r.line() for r in p.reports]
-    assert ran >= sum(planned_syncs(r) for r in graphs) > 0
+    assert ran >= sum(planned_syncs(r.verified_graph) for r in graphs) > 0
 
 
 class _Keep(CustomGraphPass):
@@ -149,7 +128,7 @@ def test_user_syncs_are_reused_exactly_as_run_does():
     with inductor_config.patch(post_grad_custom_post_pass=keep), spi.enabled(p):
         torch.compile(event_record_wait)(torch.randn(4))
     (graph,) = keep.graphs
-    existing = planned_syncs(p.reports[0]) - p.reports[0].records_added - p.reports[0].waits_added
+    existing = planned_syncs(p.reports[0].verified_graph) - p.reports[0].records_added - p.reports[0].waits_added
     assert existing == 2  # the user's record and wait, kept
     # the same graph, standalone (after the same index shift): the same syncs are added
     from streampass.dynamo_indices import shift_indices
@@ -197,7 +176,7 @@ def test_backward_after_the_block_goes_through_streampass():
     assert [r.graph for r in p.reports] == ["forward", "backward"]
     bwd = p.reports[1]
     assert bwd.lowering == "cpu" and bwd.records_added > 0 and not bwd.hazards_after
-    assert ran >= sum(planned_syncs(r) for r in p.reports)
+    assert ran >= sum(planned_syncs(r.verified_graph) for r in p.reports)
 
 
 def test_backward_outside_leaves_other_compiles_alone():

@@ -19,32 +19,19 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-import torch._functorch.config as functorch_config
-import torch._inductor.config as inductor_config
 import torch.utils._pytree as pytree
 from torch._dynamo.utils import counters
 
 import streampass as sp
 import streampass.inductor as spi
-from streampass import ops
-from streampass.reading import read_streams
 
+from reference import planned_syncs
 from user_stream_programs import PROGRAMS, CpuStream, Program
 
 CURRENT = CpuStream("cpu")  # the CPU stand-in for CUDA's current stream (module doc)
 
 
-@pytest.fixture(autouse=True)
-def fresh_caches(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    counters.clear()
-    with (
-        inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
-        functorch_config.patch(enable_autograd_cache=True),
-    ):
-        yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_caches")
 
 
 def _in_current_stream(fn):
@@ -79,10 +66,6 @@ def _grads(inputs, owner):
     if isinstance(owner, torch.nn.Module):
         grads += [q.grad for q in owner.parameters()]
     return grads
-
-
-def planned_syncs(gm: torch.fx.GraphModule) -> int:
-    return sum(1 for c in read_streams(gm).syncs.values() if c.target not in (ops.FORK, ops.JOIN))
 
 
 @pytest.mark.parametrize("p", PROGRAMS, ids=[p.name for p in PROGRAMS])
