@@ -64,7 +64,7 @@ AMB, S1, S2 = torch.Stream("cpu"), torch.Stream("cpu"), torch.Stream("cpu")
 
 def event_record_wait(x):
     with AMB:
-        e = torch.Event()
+        e = torch.Event("cpu")
         with S1:
             y = x * 2
             e.record()
@@ -73,7 +73,7 @@ def event_record_wait(x):
 
 
 def stream_synchronize(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     y = x + 1
     s.synchronize()
     return y * 2
@@ -89,7 +89,7 @@ def stream_wait_stream(x):
 
 def event_synchronize(x):
     with S1:
-        e = torch.Event()
+        e = torch.Event("cpu")
         y = x.sin()
         e.record()
     e.synchronize()

@@ -11,8 +11,8 @@ uses streampass; there is no pytest code. ``PROGRAMS`` is the list a harness ite
 Skipped upstream tests (no user program is compiled, or the body is empty)
 -------------------------------------------------------------------------
 test/dynamo/test_streams.py::TestStreams::
-  test_stream_weakref                    - eager ``weakref.ref(torch.Stream())``; nothing compiled
-  test_event_weakref                     - eager ``weakref.ref(torch.Event())``; nothing compiled
+  test_stream_weakref                    - eager ``weakref.ref(torch.Stream("cpu"))``; nothing compiled
+  test_event_weakref                     - eager ``weakref.ref(torch.Event("cpu"))``; nothing compiled
   test_stream_enter_exit_graph_break     - upstream body is ``pass`` (skipped placeholder)
   test_nested_stream_enter_exit_graph_break - upstream body is ``pass`` (skipped placeholder)
   test_new_stream_api                    - tests the private ``torch._dynamo.variables.streams.new_stream``
@@ -40,8 +40,9 @@ CudaEventFactory / CUDAStreamPool / config; they are not in the newest revisions
 
 CPU translation (what works on CPU in torch 2.13.0, checked eagerly)
 -------------------------------------------------------------------
-* ``torch.cuda.Stream()`` -> ``torch.Stream("cpu")`` (module level / inputs) or ``torch.Stream()``
-  (inside fn: the default device is cpu). ``with s:``, ``s.synchronize()``, ``s.wait_event(e)``,
+* ``torch.cuda.Stream()`` -> ``torch.Stream('cpu')`` (module level / inputs) or ``torch.Stream('cpu')``
+  inside fn too: the device is always named, since on a CUDA build of torch without a GPU
+  ``torch.Stream()`` is a CUDA stream and cannot be created. ``with s:``, ``s.synchronize()``, ``s.wait_event(e)``,
   ``s.query()`` work. NOTE: every CPU stream has stream_id 0, so all CPU streams compare equal.
 * ``torch.cuda.stream(s)`` -> ``with s:``.
 * ``torch.cuda.Event()`` -> ``torch.Event``; ``e.wait()``/``e.wait(s)``/``e.synchronize()``/
@@ -121,20 +122,25 @@ class CpuStream(torch.Stream):
         return event
 
 
+# The device is always named: on a CUDA build of torch without a GPU, ``torch.Stream()`` means a
+# CUDA stream ("Backend doesn't support create a new Stream").
+_DEVICE = ("cpu",)
+
+
 def make_event(*args, **kwargs):
     """``torch.Event(*args, **kwargs)`` when compiling, else a CpuEvent."""
     if torch.compiler.is_compiling():
-        return torch.Event(*args, **kwargs)
-    return CpuEvent(*args, **kwargs)
+        return torch.Event(*(args or _DEVICE), **kwargs)
+    return CpuEvent(*(args or _DEVICE), **kwargs)
 
 
 def record_event(stream):
-    """``stream.record_event()``, as ``torch.Event()`` + ``record(stream)`` when compiling: dynamo
+    """``stream.record_event()``, as ``torch.Event('cpu')`` + ``record(stream)`` when compiling: dynamo
     runs ``Stream.record_event`` on the real stream while tracing, which raises on CPU ("cpu
     backend doesn't support events"); the two-step form traces to the same record_event op.
     Eagerly a CpuEvent (recording is a no-op on CPU)."""
     if torch.compiler.is_compiling():
-        e = torch.Event()
+        e = torch.Event("cpu")
         e.record(stream)
         return e
     return CpuEvent()
@@ -143,8 +149,8 @@ def record_event(stream):
 def make_stream(*args, **kwargs):
     """``torch.Stream(*args, **kwargs)`` when compiling, else a CpuStream."""
     if torch.compiler.is_compiling():
-        return torch.Stream(*args, **kwargs)
-    return CpuStream(*args, **kwargs)
+        return torch.Stream(*(args or _DEVICE), **kwargs)
+    return CpuStream(*(args or _DEVICE), **kwargs)
 
 
 def current_stream():
@@ -197,8 +203,8 @@ def stream_enter_exit(x, y, s1, s2):
 
 
 def stream_context_graph_break(x, y):
-    s2 = torch.Stream()
-    s1 = torch.Stream()
+    s2 = torch.Stream("cpu")
+    s1 = torch.Stream("cpu")
     with s1:
         z1 = torch.add(x, y)
     with s2:
@@ -217,7 +223,7 @@ def stream_input(x, y, s):
 
 
 def local_stream_return(x, y):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     z = torch.add(x, y)
     y = z + 2
     return y, s
@@ -251,8 +257,8 @@ def nested_stream_enter_exit(x, y, s0, s1, s2):
 
 
 def local_stream_enter_exit(x, y):
-    s2 = torch.Stream()
-    s1 = torch.Stream()
+    s2 = torch.Stream("cpu")
+    s1 = torch.Stream("cpu")
     with s1:
         z1 = torch.add(x, y)
     with s2:
@@ -263,9 +269,9 @@ def local_stream_enter_exit(x, y):
 
 
 def local_stream_nested_enter_exit(x, y):
-    s2 = torch.Stream()
-    s1 = torch.Stream()
-    s0 = torch.Stream()
+    s2 = torch.Stream("cpu")
+    s1 = torch.Stream("cpu")
+    s0 = torch.Stream("cpu")
     with s1:
         with s2:
             z1 = torch.add(x, y)
@@ -278,9 +284,9 @@ def local_stream_nested_enter_exit(x, y):
 
 
 def stream_with_mutation(x, y):
-    s2 = torch.Stream()
-    s1 = torch.Stream()
-    s0 = torch.Stream()
+    s2 = torch.Stream("cpu")
+    s1 = torch.Stream("cpu")
+    s0 = torch.Stream("cpu")
     with s1:
         with s2:
             x.add_(y)
@@ -294,8 +300,8 @@ def stream_with_mutation(x, y):
 
 
 def stream_backward_simple(x, y):
-    s2 = torch.Stream()
-    s0 = torch.Stream()
+    s2 = torch.Stream("cpu")
+    s0 = torch.Stream("cpu")
     with s0:
         y0 = 2 * x + y
     with s2:
@@ -305,8 +311,8 @@ def stream_backward_simple(x, y):
 
 
 def stream_backward_sync(x, y):
-    s2 = torch.Stream()
-    s0 = torch.Stream()
+    s2 = torch.Stream("cpu")
+    s0 = torch.Stream("cpu")
     with s0:
         y0 = 2 * x + y
     with s2:
@@ -508,8 +514,8 @@ def inductor_lowering(x):
 
 
 def backward_sync_control_deps_e2e(x, y):
-    s0 = torch.Stream()
-    s1 = torch.Stream()
+    s0 = torch.Stream("cpu")
+    s1 = torch.Stream("cpu")
     with s0:
         z0 = 2 * x + y
     with s1:
@@ -518,13 +524,13 @@ def backward_sync_control_deps_e2e(x, y):
 
 
 def record_stream_fn(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     record_stream(x, s)
     return x
 
 
 def event_record_after_input_mutation_errors(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
     with s:
         x.add_(1)
@@ -533,7 +539,7 @@ def event_record_after_input_mutation_errors(x):
 
 
 def event_record_after_input_mutation_stack_traces(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
     with s:
         x.add_(1)
@@ -550,7 +556,7 @@ def event_record_after_input_mutation_record_event(x):
 
 
 def event_record_after_input_mutation_through_view(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
     v = x.view(-1)
     with s:
@@ -560,7 +566,7 @@ def event_record_after_input_mutation_through_view(x):
 
 
 def event_record_after_input_mutation_input_event(x, e):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     with s:
         x.add_(1)
         e.record()
@@ -568,7 +574,7 @@ def event_record_after_input_mutation_input_event(x, e):
 
 
 def event_record_before_input_mutation_no_error(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
     with s:
         e.record()
@@ -577,8 +583,8 @@ def event_record_before_input_mutation_no_error(x):
 
 
 def event_record_on_different_stream_no_error(x):
-    s0 = torch.Stream()
-    s1 = torch.Stream()
+    s0 = torch.Stream("cpu")
+    s1 = torch.Stream("cpu")
     e = make_event()
     with s0:
         x.add_(1)
@@ -588,7 +594,7 @@ def event_record_on_different_stream_no_error(x):
 
 
 def event_not_returned_no_error(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
     with s:
         x.add_(1)
@@ -675,7 +681,7 @@ def record_stream_inductor_output_code(x):
 
 
 def del_multi_stream_sync_dealloc(x, y):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
     z0 = x + 1
     with s:
@@ -687,7 +693,7 @@ def del_multi_stream_sync_dealloc(x, y):
 
 
 def del_same_stream_no_sync_dealloc(x, y):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
     with s:
         z = torch.add(x, y)
@@ -708,7 +714,7 @@ class Holder:
 
 
 def del_attr_multi_stream_sync_dealloc(x, y):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
     h = Holder()
     h.tensor = x
@@ -722,7 +728,7 @@ def del_attr_multi_stream_sync_dealloc(x, y):
 
 
 def del_subscr_multi_stream_sync_dealloc(x, y):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
     d = {"t": x}
     z0 = x + 1
@@ -748,7 +754,7 @@ def stream_pointer_extraction_edge_cases(stream_a, stream_b, default_stream):
 # ---- TestUserStreamCompile -----------------------------------------------------------------
 def compile_with_user_stream_context(x, y):
     # Create a side stream
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     # Perform operation on default stream
     z = x + y
     # Perform operation on side stream
@@ -760,7 +766,7 @@ def compile_with_user_stream_context(x, y):
 
 
 def compile_preserves_stream_semantics(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     # Work on default stream
     a = x * 2
     # Work on side stream
@@ -771,8 +777,8 @@ def compile_preserves_stream_semantics(x):
 
 
 def multiple_stream_contexts(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
 
     a = x + 1  # default stream
 
@@ -788,8 +794,8 @@ def multiple_stream_contexts(x):
 
 
 def nested_stream_contexts(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
 
     with s1:
         a = x * 2
@@ -803,7 +809,7 @@ def nested_stream_contexts(x):
 
 
 def stream_context_with_data_dependency(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
 
     # Compute on default stream
     a = x * 2
@@ -817,7 +823,7 @@ def stream_context_with_data_dependency(x):
 
 
 def event_record_and_wait(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     event = make_event()
 
     # Compute on default stream
@@ -835,8 +841,8 @@ def event_record_and_wait(x):
 
 
 def event_record_on_stream(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     event = make_event()
 
     with s1:
@@ -855,8 +861,8 @@ def event_record_on_stream(x):
 
 
 def multiple_events_multiple_streams(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     event1 = make_event()
     event2 = make_event()
 
@@ -881,7 +887,7 @@ def multiple_events_multiple_streams(x):
 
 
 def event_wait_without_record(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     event = make_event()
 
     # Record the event first
@@ -897,7 +903,7 @@ def event_wait_without_record(x):
 
 
 def stream_wait_event(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     event = make_event()
 
     a = x * 2
@@ -913,8 +919,8 @@ def stream_wait_event(x):
 
 
 def bidirectional_stream_sync(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     event_s1 = make_event()
     event_s2 = make_event()
 
@@ -940,9 +946,9 @@ def bidirectional_stream_sync(x):
 
 
 def three_streams_pipeline(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
-    s3 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
+    s3 = torch.Stream("cpu")
     e1 = make_event()
     e2 = make_event()
 
@@ -969,9 +975,9 @@ def three_streams_pipeline(x):
 
 
 def parallel_streams_join(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
-    s3 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
+    s3 = torch.Stream("cpu")
     e1 = make_event()
     e2 = make_event()
     e3 = make_event()
@@ -1002,8 +1008,8 @@ def parallel_streams_join(x):
 
 
 def fan_out_fan_in(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     e_start = make_event()
     e1 = make_event()
     e2 = make_event()
@@ -1034,9 +1040,9 @@ def fan_out_fan_in(x):
 
 
 def four_streams_diamond(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
-    s3 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
+    s3 = torch.Stream("cpu")
     e_start = make_event()
     e1 = make_event()
     e2 = make_event()
@@ -1069,7 +1075,7 @@ def four_streams_diamond(x):
 
 
 def stream_reuse_across_iterations(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     event = make_event()
     result = x
 
@@ -1084,8 +1090,8 @@ def stream_reuse_across_iterations(x):
 
 
 def no_fusion_across_streams(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     e1 = make_event()
     e2 = make_event()
 
@@ -1108,7 +1114,7 @@ def no_fusion_across_streams(x):
 
 
 def no_fusion_across_streams_with_dependency(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     event = make_event()
 
     # Work on default stream
@@ -1127,7 +1133,7 @@ def no_fusion_across_streams_with_dependency(x):
 
 
 def fusion_within_same_stream(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
 
     with s:
         # Multiple pointwise ops on same stream - should fuse
@@ -1142,7 +1148,7 @@ def fusion_within_same_stream(x):
 
 def no_fusion_simple_dependency_across_streams(x):
     s1 = make_stream()
-    s2 = torch.Stream()
+    s2 = torch.Stream("cpu")
 
     with s1:
         a = x + 1
@@ -1156,7 +1162,7 @@ def no_fusion_simple_dependency_across_streams(x):
 
 
 def no_combo_kernel_fusion_across_streams(x, y, z, w):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     event = make_event()
 
     # Independent pointwise ops on different streams at the same topological level
@@ -1170,7 +1176,7 @@ def no_combo_kernel_fusion_across_streams(x, y, z, w):
 
 
 def combo_kernel_fusion_within_same_stream(x, y):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
 
     with s:
         # Two independent pointwise ops on the same stream
@@ -1183,7 +1189,7 @@ def combo_kernel_fusion_within_same_stream(x, y):
 
 def cross_stream_stride_copy(x):
     s1 = make_stream()
-    s2 = torch.Stream()
+    s2 = torch.Stream("cpu")
 
     with s1:
         a = x + 1
@@ -1199,7 +1205,7 @@ def cross_stream_stride_copy(x):
 
 def no_buffer_reuse_across_streams(x):
     s1 = make_stream()
-    s2 = torch.Stream()
+    s2 = torch.Stream("cpu")
     with s1:
         a = x + 1
     e = record_event(s1)
@@ -1212,7 +1218,7 @@ def no_buffer_reuse_across_streams(x):
 
 def stream_record_wait_event_not_dropped(x):
     s1 = make_stream()
-    s2 = torch.Stream()
+    s2 = torch.Stream("cpu")
     with s1:
         a = x + 1
     e = record_event(s1)
@@ -1224,7 +1230,7 @@ def stream_record_wait_event_not_dropped(x):
 
 
 def stream_synchronize_not_dropped(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     with s:
         a = x + 1
     s.synchronize()
@@ -1233,7 +1239,7 @@ def stream_synchronize_not_dropped(x):
 
 
 def stream_wait_stream_not_dropped(x):
-    s1 = torch.Stream()
+    s1 = torch.Stream("cpu")
     s2 = make_stream()
     with s1:
         a = x + 1
@@ -1245,7 +1251,7 @@ def stream_wait_stream_not_dropped(x):
 
 
 def codegen_structure_single_stream(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     a = x * 2
     with s:
         b = x * 3
@@ -1254,7 +1260,7 @@ def codegen_structure_single_stream(x):
 
 
 def codegen_structure_pipeline(x, w1, w2):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     event = make_event()
     a = x @ w1
     event.record()
@@ -1266,9 +1272,9 @@ def codegen_structure_pipeline(x, w1, w2):
 
 
 def codegen_structure_three_stream_pipeline(x, w1, w2, w3):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
-    s3 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
+    s3 = torch.Stream("cpu")
     e1 = make_event()
     e2 = make_event()
     with s1:
@@ -1288,8 +1294,8 @@ def codegen_structure_three_stream_pipeline(x, w1, w2, w3):
 
 
 def codegen_structure_parallel_matmuls(x, w1, w2):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     e1 = make_event()
     e2 = make_event()
     with s1:
@@ -1316,7 +1322,7 @@ def heavy_matmul_chain(x, w, depth=8):
 
 
 def race_producer_consumer(x, w):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
 
     # Heavy producer on default stream
@@ -1332,8 +1338,8 @@ def race_producer_consumer(x, w):
 
 
 def race_ping_pong(x, w):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     e1 = make_event()
     e2 = make_event()
 
@@ -1356,9 +1362,9 @@ def race_ping_pong(x, w):
 
 
 def race_fan_out(x, w):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
-    s3 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
+    s3 = torch.Stream("cpu")
     e = make_event()
     e1 = make_event()
     e2 = make_event()
@@ -1395,8 +1401,8 @@ def race_fan_out(x, w):
 
 
 def race_diamond(x, w):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     e_fork = make_event()
     e1 = make_event()
     e2 = make_event()
@@ -1424,7 +1430,7 @@ def race_diamond(x, w):
 
 
 def race_pipeline(x, w):
-    streams = [torch.Stream() for _ in range(4)]
+    streams = [torch.Stream("cpu") for _ in range(4)]
     events = [make_event() for _ in range(3)]
 
     with streams[0]:
@@ -1451,7 +1457,7 @@ def race_pipeline(x, w):
 
 
 def race_back_to_back(x, w):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e1 = make_event()
     e2 = make_event()
 
@@ -1471,7 +1477,7 @@ def race_back_to_back(x, w):
 
 
 def race_triton_on_user_stream(x, w):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
 
     with s:
@@ -1604,7 +1610,7 @@ def multiple_stream_identity(x):
 
 # ---- TestPDLWithMultiStream ------------------------------------------------------------------
 def pdl_single_side_stream(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     with s:
         a = x * 2
         b = a + 1
@@ -1613,8 +1619,8 @@ def pdl_single_side_stream(x):
 
 
 def pdl_correctness_with_multiple_streams(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     e1 = make_event()
     e2 = make_event()
 
@@ -1632,7 +1638,7 @@ def pdl_correctness_with_multiple_streams(x):
 
 
 def pdl_cross_stream_events_preserved(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     event = make_event()
 
     a = x * 2 + 1
@@ -1647,7 +1653,7 @@ def pdl_cross_stream_events_preserved(x):
 
 
 def pdl_same_stream_consecutive_kernels(x, y):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     with s:
         # Two separate fused groups on the same stream
         a = x**2 + x
@@ -1657,8 +1663,8 @@ def pdl_same_stream_consecutive_kernels(x, y):
 
 
 def pdl_no_fusion_across_streams(x):
-    s1 = torch.Stream()
-    s2 = torch.Stream()
+    s1 = torch.Stream("cpu")
+    s2 = torch.Stream("cpu")
     e1 = make_event()
     e2 = make_event()
 
@@ -1678,7 +1684,7 @@ def pdl_no_fusion_across_streams(x):
 
 
 def pdl_stress_multistream_correctness(x, w):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     e = make_event()
 
     h = x
@@ -1695,7 +1701,7 @@ def pdl_stress_multistream_correctness(x, w):
 
 
 def pdl_mutation_across_streams(x):
-    s = torch.Stream()
+    s = torch.Stream("cpu")
     event = make_event()
 
     # Produce a new buffer (not input mutation) then record
@@ -1746,7 +1752,7 @@ def explicit_current_stream_with_cudagraphs(x, y):
 # ============================================================================================
 # the corpus
 # ============================================================================================
-_EV_NOTE = "make_event() is torch.Event() when compiling, CpuEvent eagerly (CPU events cannot record)."
+_EV_NOTE = "make_event() is torch.Event('cpu') when compiling, CpuEvent eagerly (CPU events cannot record)."
 
 PROGRAMS: list[Program] = [
     # ---------------------------------------------------------------- test/dynamo/test_streams.py
@@ -2139,7 +2145,7 @@ PROGRAMS: list[Program] = [
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
             "was previously mutated.] "
             "Input mutated then e = s.record_event() on the same stream; upstream expects "
-            "RuntimeError 'An event was recorded on a stream'. make_stream() is torch.Stream() "
+            "RuntimeError 'An event was recorded on a stream'. make_stream() is torch.Stream('cpu') "
             "when compiling, CpuStream eagerly (CPU Stream.record_event raises)."
         ),
     ),
@@ -2169,7 +2175,7 @@ PROGRAMS: list[Program] = [
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
             "was previously mutated.] "
-            "The event is an input (upstream torch.Event(); here CpuEvent('cpu')); input mutated "
+            "The event is an input (upstream torch.Event('cpu'); here CpuEvent('cpu')); input mutated "
             "then e.record(); upstream expects RuntimeError 'An event was recorded on a stream'."
         ),
     ),
@@ -2612,7 +2618,7 @@ PROGRAMS: list[Program] = [
             "[eager-backend: fails: RuntimeError (InternalTorchDynamoError): cpu backend doesn't"
             " support events.] "
             "e = s1.record_event(); s2.wait_event(e) between contexts; expects 2 kernels. "
-            "make_stream() is torch.Stream() when compiling, CpuStream eagerly (CPU "
+            "make_stream() is torch.Stream('cpu') when compiling, CpuStream eagerly (CPU "
             "Stream.record_event raises)."
         ),
     ),
