@@ -1,4 +1,13 @@
-"""Working around torch 2.13's own stream passes where they break CPU graphs.
+"""What differs between the torch releases streampass runs on, in one place (docs/versions.md).
+
+* :data:`PassBase`, :func:`post_grad_config`: inductor takes a list of post-grad custom passes,
+  and calls ``CustomInferenceAwareGraphPass`` ones with ``is_inference``, from torch 2.13 on;
+  torch 2.11 takes one pass and calls it with the graph alone.
+* :func:`registered_object`: dynamo's object table is a dict up to 2.14 and a list from 2.15.
+* ``streampass.ops``: torch 2.11 has no ``synchronize_*`` stream ops.
+* :func:`cpu_safe_aot`: torch's AOT stream pass crashes on CPU training graphs (below).
+
+Working around torch 2.13's own stream passes where they break CPU graphs.
 
 torch's AOT autograd runs ``sync_deallocations`` (``torch/_functorch/_aot_autograd/streams.py``)
 on every joint graph whose nodes carry ``custom.stream``; its cost estimate imports triton,
@@ -19,6 +28,87 @@ import functools
 from collections.abc import Iterator
 
 import torch
+
+
+from torch._inductor import custom_graph_pass as _cgp
+
+#: whether inductor takes a list of post-grad custom passes (torch >= 2.13)
+POST_GRAD_TAKES_LISTS = hasattr(_cgp, "get_custom_graph_passes")
+#: the base class of StreamPass: inductor passes ``is_inference`` to it where it can
+PassBase = getattr(_cgp, "CustomInferenceAwareGraphPass", _cgp.CustomGraphPass)
+
+
+class PassChain(_cgp.CustomGraphPass):
+    """Several post-grad passes as the one pass an inductor without list support takes."""
+
+    def __init__(self, passes: list):
+        self.passes = list(passes)
+
+    def __call__(self, graph) -> None:
+        for p in self.passes:
+            p(graph)
+
+    def uuid(self):
+        import hashlib
+
+        h = hashlib.sha256()
+        for p in self.passes:
+            u = p.uuid() if hasattr(p, "uuid") else None
+            if u is None:
+                return None  # one pass without a uuid: inductor bypasses its cache, as for a list
+            h.update(u if isinstance(u, bytes) else str(u).encode())
+        return h.digest()
+
+    def __deepcopy__(self, memo):
+        return self  # like the passes it holds (StreamPass shares itself too)
+
+
+def _control_deps_runs_eagerly() -> None:
+    """torch 2.11's ``control_deps`` has only a fake kernel, so a graph with it cannot be called
+    eagerly; 2.13 runs the subgraph (``CompositeExplicitAutograd`` and ``Autograd``). Give 2.11
+    the same kernels, where they are missing."""
+    from torch._C import DispatchKey
+    from torch._inductor.fx_passes.control_dependencies import control_deps
+
+    def run_subgraph(additional_deps, subgraph, *args, **kwargs):
+        return subgraph(*args, **kwargs)
+
+    for key in (DispatchKey.CompositeExplicitAutograd, DispatchKey.Autograd):
+        if key not in control_deps.py_kernels:
+            control_deps.py_impl(key)(run_subgraph)
+
+
+_control_deps_runs_eagerly()
+
+
+def post_grad_config(passes: list):
+    """``passes`` as ``torch._inductor.config.post_grad_custom_post_pass`` takes them here.
+
+    >>> post_grad_config([print]) == ([print] if POST_GRAD_TAKES_LISTS else print)
+    True
+    """
+    if POST_GRAD_TAKES_LISTS:
+        return passes
+    return passes[0] if len(passes) == 1 else PassChain(passes)
+
+
+def registered_object(index: int):
+    """The live object dynamo's table holds at ``index``, or None.
+
+    The table (``torch._dynamo.graph_bytecode_inputs.index_to_external_object_weakref``) is a
+    dict of weakrefs up to torch 2.14 and a list of them from 2.15 on.
+
+    >>> registered_object(10**9) is None
+    True
+    """
+    from torch._dynamo import graph_bytecode_inputs as table
+
+    entries = table.index_to_external_object_weakref
+    if isinstance(entries, dict):
+        ref = dict.get(entries, index)
+    else:
+        ref = entries[index] if 0 <= index < len(entries) else None
+    return ref() if ref is not None else None
 
 
 def graph_device_types(gm: torch.fx.GraphModule) -> set[str]:

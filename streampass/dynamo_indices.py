@@ -23,10 +23,10 @@ import weakref
 
 import torch
 import torch.fx
-from torch._dynamo import graph_bytecode_inputs as table
 
 from . import ops
 from .apply import free_attr
+from .compat import registered_object
 
 #: tracing context of a forward compile -> the offset its graphs were read with
 _FORWARD_OFFSETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -43,15 +43,14 @@ def index_offset(is_backward: bool = False) -> tuple[int, str]:
     (index 0 holds a user object: every index moves up by one) or ``"unknown"`` (a backward
     graph whose forward was not seen; indices are read as they are).
 
-    >>> saved = dict(table.index_to_external_object_weakref)
-    >>> table.index_to_external_object_weakref.clear()
+    >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> table.reset_user_object_tracking()  # as dynamo does at the start of each frame
     >>> index_offset()  # nothing at index 0: it is free for the ambient stream
     (0, 'dynamo')
-    >>> user_stream = torch.Stream("cpu")
-    >>> table.index_to_external_object_weakref[0] = weakref.ref(user_stream)
+    >>> _ = table.register_graph_created_object(torch.Stream("cpu"), lambda index, codegen: None)
     >>> index_offset() == ((0, "dynamo") if torch.accelerator.is_available() else (1, "dynamo+1"))
     True
-    >>> table.index_to_external_object_weakref.clear(); table.index_to_external_object_weakref.update(saved)
+    >>> table.reset_user_object_tracking()
     """
     if torch.accelerator.is_available():
         return (0, "dynamo")  # dynamo registered the current stream at index 0
@@ -60,9 +59,7 @@ def index_offset(is_backward: bool = False) -> tuple[int, str]:
         if ctx is not None and ctx in _FORWARD_OFFSETS:
             return _FORWARD_OFFSETS[ctx]
         return (0, "unknown")
-    ref = dict.get(table.index_to_external_object_weakref, 0)
-    user_object_at_0 = ref is not None and ref() is not None
-    answer = (1, "dynamo+1") if user_object_at_0 else (0, "dynamo")
+    answer = (1, "dynamo+1") if registered_object(0) is not None else (0, "dynamo")
     if ctx is not None:
         _FORWARD_OFFSETS[ctx] = answer
     return answer

@@ -45,12 +45,11 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
 
 from . import dynamo_indices, ops, runtime, snapshot
 from .annotate import AMBIENT
 from .apply import free_attr
-from .compat import aot_guard_on, cpu_safe_aot
+from .compat import PassBase, PassChain, aot_guard_on, cpu_safe_aot, post_grad_config
 from .dag import StreamDAG
 from .pipeline import RunResult, run
 from .plan import EVENT_BASE
@@ -157,7 +156,7 @@ def _nonzero(kinds: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in kinds.items() if v}
 
 
-class StreamPass(CustomInferenceAwareGraphPass):
+class StreamPass(PassBase):
     """:func:`streampass.run` as ``torch._inductor.config.post_grad_custom_post_pass``.
 
     ``uuid()`` hashes the source of every streampass module, streampass's
@@ -379,8 +378,6 @@ def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
     ...         y = x.sin()
     ...     return y + x.cos()
     >>> from streampass import ops
-    >>> from torch._dynamo import graph_bytecode_inputs as table
-    >>> saved_table = table.index_to_external_object_weakref
     >>> gm = make_fx(f)(torch.ones(4))
     >>> _ = sp.run(gm)
     >>> shared = {n.args[1].target for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS}
@@ -392,7 +389,6 @@ def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
     (6, True)
     >>> sorted(n.args[2] - EVENT_BASE for n in syncs)  # event indices, two uses each
     [0, 0, 1, 1, 2, 2]
-    >>> table.index_to_external_object_weakref = saved_table  # undo the process-wide fallback
     """
     install_object_fallback()
     graph = gm.graph
@@ -429,6 +425,8 @@ def _drop_unused_subgraphs(gm: torch.fx.GraphModule) -> None:
 def _as_list(p: Any) -> list:
     if p is None:
         return []
+    if isinstance(p, PassChain):
+        return list(p.passes)
     return list(p) if isinstance(p, (list, tuple)) else [p]
 
 
@@ -452,24 +450,22 @@ def enable(pass_: StreamPass | None = None) -> StreamPass:
 
     >>> from torch._inductor import config
     >>> from streampass.compat import aot_guard_off
-    >>> from torch._dynamo import graph_bytecode_inputs as table
-    >>> saved_table = table.index_to_external_object_weakref
     >>> saved = config.post_grad_custom_post_pass
     >>> mine = lambda graph: None  # a user's own post-grad pass
     >>> config.post_grad_custom_post_pass = mine
     >>> p = enable()
-    >>> config.post_grad_custom_post_pass == [mine, p], isinstance(p, StreamPass)
+    >>> config.post_grad_custom_post_pass == post_grad_config([mine, p]), isinstance(p, StreamPass)
     (True, True)
-    >>> config.post_grad_custom_post_pass = saved  # undo it: the config, the AOT guard, the table
+    >>> config.post_grad_custom_post_pass = saved  # undo it: the config and the AOT guard
     >>> aot_guard_off()
-    >>> table.index_to_external_object_weakref = saved_table
     """
     from torch._inductor import config
 
-    config.post_grad_custom_post_pass = with_streampass(config.post_grad_custom_post_pass, pass_)
+    passes = with_streampass(config.post_grad_custom_post_pass, pass_)
+    config.post_grad_custom_post_pass = post_grad_config(passes)
     aot_guard_on()
     install_object_fallback()
-    return next(p for p in config.post_grad_custom_post_pass if isinstance(p, StreamPass))
+    return next(p for p in passes if isinstance(p, StreamPass))
 
 
 @contextlib.contextmanager
@@ -480,22 +476,19 @@ def enabled(pass_: StreamPass | None = None) -> Iterator[StreamPass]:
     forward of a training step included) inside the block.
 
     >>> from torch._inductor import config
-    >>> from torch._dynamo import graph_bytecode_inputs as table
-    >>> saved_table = table.index_to_external_object_weakref
     >>> saved = config.post_grad_custom_post_pass
     >>> with enabled() as p:
-    ...     config.post_grad_custom_post_pass[-1] is p, p.reports
+    ...     p in _as_list(config.post_grad_custom_post_pass), p.reports
     (True, [])
     >>> config.post_grad_custom_post_pass is saved
     True
-    >>> table.index_to_external_object_weakref = saved_table  # undo the process-wide fallback
     """
     from torch._inductor import config
 
     passes = with_streampass(config.post_grad_custom_post_pass, pass_)
     install_object_fallback()
     with (
-        config.patch(post_grad_custom_post_pass=passes),
+        config.patch(post_grad_custom_post_pass=post_grad_config(passes)),
         cpu_safe_aot_stream_passes(),
         _backward_compiles_see(passes),
     ):
@@ -524,9 +517,9 @@ def _backward_compiles_see(passes: list) -> Iterator[None]:
         if getattr(_hooked, "active", False):  # compile_fx calls itself once it has patched
             return original(model_, example_inputs_, *args, config_patches=config_patches, **kwargs)
         patches = dict(config_patches or {})
-        patches["post_grad_custom_post_pass"] = with_streampass(
-            patches.get("post_grad_custom_post_pass", passes), next(p for p in passes if isinstance(p, StreamPass))
-        )
+        mine = next(p for p in passes if isinstance(p, StreamPass))
+        theirs = _as_list(patches.get("post_grad_custom_post_pass", passes))
+        patches["post_grad_custom_post_pass"] = post_grad_config(with_streampass(theirs, mine))
         _hooked.active = True
         try:
             return original(model_, example_inputs_, *args, config_patches=patches, **kwargs)

@@ -18,23 +18,44 @@ import torch._dynamo.variables.streams  # noqa: F401  (registers torch.ops.strea
 import torch.fx
 from torch._inductor.fx_passes.control_dependencies import control_deps
 
+from . import compat  # noqa: F401  (gives torch 2.11 the control_deps kernels the encoding runs)
+
 streams = torch.ops.streams
 
-FORK = streams.fork.default
-JOIN = streams.join.default
-RECORD_EVENT = streams.record_event.default
-WAIT_EVENT = streams.wait_event.default
-WAIT_STREAM = streams.wait_stream.default
-SYNC_EVENT = streams.synchronize_event.default
-SYNC_STREAM = streams.synchronize_stream.default
-SYNC_DEVICE = streams.synchronize_device.default
-RECORD_STREAM = streams.record_stream.default
-SYNC_DEALLOC = streams.sync_dealloc.default
+class _Absent:
+    """Stands for a stream op this torch does not have (no graph can call it)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<torch.ops.streams.{self.name}: not in this torch>"
+
+
+def _op(name: str):
+    """``torch.ops.streams.<name>.default``, or an :class:`_Absent` stand-in: torch 2.11 has no
+    ``synchronize_*`` ops (see streampass.compat)."""
+    packet = getattr(streams, name, None)
+    return packet.default if packet is not None else _Absent(name)
+
+
+FORK = _op("fork")
+JOIN = _op("join")
+RECORD_EVENT = _op("record_event")
+WAIT_EVENT = _op("wait_event")
+WAIT_STREAM = _op("wait_stream")
+SYNC_EVENT = _op("synchronize_event")
+SYNC_STREAM = _op("synchronize_stream")
+SYNC_DEVICE = _op("synchronize_device")
+RECORD_STREAM = _op("record_stream")
+SYNC_DEALLOC = _op("sync_dealloc")
 
 CONTROL_DEPS = control_deps
 
 SYNC_TARGETS = frozenset(
-    {RECORD_EVENT, WAIT_EVENT, WAIT_STREAM, SYNC_EVENT, SYNC_STREAM, SYNC_DEVICE, RECORD_STREAM, SYNC_DEALLOC}
+    t
+    for t in (RECORD_EVENT, WAIT_EVENT, WAIT_STREAM, SYNC_EVENT, SYNC_STREAM, SYNC_DEVICE, RECORD_STREAM, SYNC_DEALLOC)
+    if not isinstance(t, _Absent)
 )
 STREAM_OPS = SYNC_TARGETS | {FORK, JOIN}
 # dynamo's own graphs (before AOT autograd) call the packets, ``torch.ops.streams.record_event``.

@@ -21,6 +21,7 @@ and results equal the original graph's bit for bit.
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -66,22 +67,6 @@ class NoOpStream(torch.Stream):
 # --------------------------------------------------------------------------------------------
 # Objects for indices nobody registered (compiled graphs, and copies that lost their hooks)
 # --------------------------------------------------------------------------------------------
-class _ObjectTable(dict):
-    """dynamo's index -> weakref table, answering indices nobody registered (see module doc).
-
-    Index 0 is the current stream, an index ``>= EVENT_BASE`` an event and any other index a
-    side stream, all of the current accelerator (no-op objects on CPU). The objects are owned
-    by :data:`_FALLBACK` and reused for the whole process.
-    """
-
-    def __contains__(self, index: object) -> bool:
-        return dict.__contains__(self, index) or (isinstance(index, int) and index >= 0)
-
-    def __missing__(self, index: int):
-        obj = _fallback_object(index)
-        return lambda: obj
-
-
 _FALLBACK: dict[tuple[str, int], Any] = {}
 
 
@@ -101,26 +86,58 @@ def _fallback_object(index: int):
     return _FALLBACK[key]
 
 
-def install_object_fallback() -> None:
-    """Let dynamo's object table answer indices it has no entry for (idempotent, process-wide).
+_bound = threading.local()  # .tables: index -> object of each graph being called, innermost last
 
-    Only lookups that would fail (``AssertionError: Index not registered``) change; dynamo's
-    own entries, its per-call prologue and ``reset_user_object_tracking`` work as before.
 
-    >>> from torch._dynamo import graph_bytecode_inputs as table
-    >>> saved_table = table.index_to_external_object_weakref
-    >>> install_object_fallback()
-    >>> install_object_fallback()  # a second call changes nothing
-    >>> type(table.index_to_external_object_weakref).__name__
-    '_ObjectTable'
-    >>> EVENT_BASE in table.index_to_external_object_weakref, -1 in table.index_to_external_object_weakref
-    (True, False)
-    >>> table.index_to_external_object_weakref = saved_table  # undo the process-wide fallback
+def _bound_tables() -> list:
+    tables = getattr(_bound, "tables", None)
+    if tables is None:
+        tables = _bound.tables = []
+    return tables
+
+
+def lookup(index: int):
+    """The object a stream op's index stands for at run time.
+
+    In order: the table of the innermost graph :func:`bind` is calling; dynamo's object table
+    (``graph_bytecode_inputs``, a dict in torch 2.13 and a list in 2.15); for an index nobody
+    registered, a process-wide object of the current accelerator (no-op objects on CPU):
+    index 0 the current stream, an index ``>= EVENT_BASE`` an event, any other a side stream.
+
+    >>> type(lookup(EVENT_BASE + 7)).__name__, lookup(EVENT_BASE + 7) is lookup(EVENT_BASE + 7)
+    ('NoOpEvent', True)
     """
-    from torch._dynamo import graph_bytecode_inputs as table
+    for entries in reversed(_bound_tables()):
+        obj = entries.get(index)
+        if obj is not None:
+            return obj
+    try:
+        return table.get_external_object_by_index(index)
+    except AssertionError as e:
+        if "not registered" not in str(e) or not isinstance(index, int) or index < 0:
+            raise
+    return _fallback_object(index)
 
-    if not isinstance(table.index_to_external_object_weakref, _ObjectTable):
-        table.index_to_external_object_weakref = _ObjectTable(table.index_to_external_object_weakref)
+
+def install_object_fallback() -> None:
+    """Route the stream ops' index lookups through :func:`lookup` (idempotent, process-wide).
+
+    The ops (``torch._dynamo.variables.streams``) and inductor's generated code resolve an index
+    with that module's ``get_external_object_by_index``; it is replaced there, nowhere else, so
+    dynamo's own entries, its per-call prologue and ``reset_user_object_tracking`` work as before
+    and only lookups that would fail (``AssertionError: Index not registered``) or that a bound
+    graph answers change.
+
+    >>> from torch._dynamo.variables import streams
+    >>> saved = streams.get_external_object_by_index
+    >>> install_object_fallback(); install_object_fallback()  # a second call changes nothing
+    >>> streams.get_external_object_by_index is lookup
+    True
+    >>> streams.get_external_object_by_index = saved  # undo the process-wide fallback
+    """
+    from torch._dynamo.variables import streams
+
+    streams.get_external_object_by_index = lookup
 
 
 def graph_device(gm: torch.fx.GraphModule) -> torch.device:
@@ -203,7 +220,7 @@ def _external(gm: torch.fx.GraphModule) -> tuple[int, ...]:
 
 @contextlib.contextmanager
 def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> Iterator[StreamTable]:
-    """Fill dynamo's object table for ``gm`` while the block runs; restore it afterwards.
+    """Make ``gm``'s stream and event indices stand for its own objects while the block runs.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -213,29 +230,22 @@ def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> 
     ...     return y + x.cos()
     >>> gm = make_fx(f)(torch.ones(4))
     >>> _ = sp.run(gm)
-    >>> from torch._dynamo import graph_bytecode_inputs as table
-    >>> before = dict(table.index_to_external_object_weakref)
     >>> with bind(gm) as t:
-    ...     inside = all(table.index_to_external_object_weakref[i]() is o for i, o in t.entries().items())
-    >>> inside, dict(table.index_to_external_object_weakref) == before
+    ...     inside = all(lookup(i) is o for i, o in t.entries().items())
+    >>> inside, all(lookup(i) is not o for i, o in t.entries().items() if i)
     (True, True)
     """
+    install_object_fallback()
     record = state(gm)
     t = record["table"]
     if t is None or (device is not None and torch.device(device) != t.device):
         t = record["table"] = StreamTable.for_graph(gm, device)
-    entries = t.entries()
-    saved = {i: table.index_to_external_object_weakref.get(i) for i in entries}
+    tables, entries = _bound_tables(), t.entries()
+    tables.append(entries)
     try:
-        for i, obj in entries.items():
-            table.index_to_external_object_weakref[i] = weakref.ref(obj)
         yield t
     finally:
-        for i, ref in saved.items():
-            if ref is None:
-                table.index_to_external_object_weakref.pop(i, None)
-            else:
-                table.index_to_external_object_weakref[i] = ref
+        tables.remove(entries)
 
 
 def install(gm: torch.fx.GraphModule) -> None:
