@@ -146,6 +146,10 @@ class _Editor:
             if call is None or call.target not in WRAPPABLE:
                 if n.op in ("call_function", "call_method", "call_module") and n.target is not operator.getitem:
                     pending.setdefault(s, []).append(n)
+                elif n.op == "get_attr" and isinstance(_attr(self.gm, n.target), torch.Tensor):
+                    # A parameter or buffer has no inputs: without this, a later pass may sort
+                    # it after the records that cover it as an input.
+                    pending.setdefault(s, []).append(n)
                 continue
             deps = list(pending.pop(s, []))
             if s in last_sync:
@@ -341,6 +345,13 @@ class _Editor:
                 )
         for node in self.switches:
             self.graph.erase_node(node)
+
+
+def _attr(gm: torch.nn.Module, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def free_attr(gm: torch.nn.Module, base: str) -> str:

@@ -137,6 +137,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
     cross: dict[Node, CrossStreamValue] = {}
     last_on: dict[int, Node] = {}
     s_of, root, compute = a.stream, a.root, a.compute
+    made_by = a.producer  # a storage no node writes was written by the kernel that made it
     tensor: dict[Node, bool] = {}  # is_tensor_value, once per node
 
     # A functional graph writes nothing: only track reads for the storages some node writes.
@@ -151,7 +152,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
             if node.op == "output":
                 s = s_of[node]
                 for r in reads(node):
-                    w = last_writer.get(r, r)
+                    w = last_writer.get(r) or made_by.get(r, r)
                     if s_of[w] != s:
                         reqs.append(Requirement("exit", w, node, r))
                 for t, last in last_on.items():
@@ -164,7 +165,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
         for r in reads(node):
             if r in mine:
                 continue
-            w = last_writer.get(r, r)
+            w = last_writer.get(r) or made_by.get(r, r)
             if s_of[w] != s:
                 reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r))
             if r in reads_since_write:
@@ -175,7 +176,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
                     cv = cross[r] = CrossStreamValue(r, s_of[r])
                 cv.readers.setdefault(s, []).append(node)
         for r in mine:
-            w = last_writer.get(r, r)
+            w = last_writer.get(r) or made_by.get(r, r)
             if s_of[w] != s:
                 reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "waw", w, node, r))
             for reader in reads_since_write[r]:

@@ -322,6 +322,21 @@ def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
     return _schema_facts(node.target).writes
 
 
+def is_view(node: torch.fx.Node) -> bool:
+    """Whether ``node`` only makes a view (its schema returns an alias and writes nothing).
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> [is_view(g.call_function(t, (x,))) for t in (torch.ops.aten.t.default, torch.ops.aten.sin.default)]
+    [True, False]
+    >>> is_view(g.call_function(torch.ops.aten.add_.Tensor, (x, x)))  # in place: writes
+    False
+    """
+    if node.op != "call_function":
+        return False
+    facts = _schema_facts(node.target)
+    return facts.returns_alias and not facts.writes
+
+
 def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
     """The input whose storage ``node``'s output shares (a view), or None.
 

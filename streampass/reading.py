@@ -37,7 +37,10 @@ class StreamAssignment:
             results and ``control_deps`` passthroughs resolve to their source).
         external_events: event indices the caller declared as recorded outside the graph.
         position: node -> its index in ``nodes``.
-        compute: the nodes that do work on a stream (see :meth:`is_compute`).
+        compute: the nodes that do work on a stream (see :meth:`is_compute`): not views
+            (``t``, ``view``, ``expand``, ``detach``, ...) nor the getitems of multi-output
+            ops, which launch nothing.
+        producer: a getitem of a multi-output op -> the op, whose kernel writes it.
         named: streams that stream ops name without running on them (the stream
             ``wait_stream`` waits for, the one ``synchronize_stream`` syncs, fork/join's other
             end); they may have no node of their own.
@@ -51,6 +54,7 @@ class StreamAssignment:
     external_events: frozenset[int] = frozenset()
     position: dict[torch.fx.Node, int] = field(default_factory=dict)
     compute: frozenset[torch.fx.Node] = frozenset()
+    producer: dict[torch.fx.Node, torch.fx.Node] = field(default_factory=dict)
     named: frozenset[int] = frozenset()
 
     @property
@@ -74,7 +78,7 @@ class StreamAssignment:
         return by_name.get(name)
 
     def is_compute(self, node: torch.fx.Node) -> bool:
-        """A node that does work on a stream: a call that is not a stream op or a passthrough getitem."""
+        """A node that launches work on a stream: a call that is not a stream op, a getitem or a view."""
         return node in self.compute
 
 
@@ -142,6 +146,7 @@ def read_streams(
     root: dict[torch.fx.Node, torch.fx.Node] = {}
     named: set[int] = set()
     compute: list[torch.fx.Node] = []
+    producer: dict[torch.fx.Node, torch.fx.Node] = {}
     passthroughs: list[torch.fx.Node] = []
     maybe_sync = ops.STREAM_OP_IDS  # plus control_deps, tested below
     getitem, control_deps = operator.getitem, ops.CONTROL_DEPS
@@ -174,6 +179,13 @@ def read_streams(
             stream[node] = regions[-1][0] if regions else AMBIENT
         if target is getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0].target is control_deps:
             passthroughs.append(node)  # an alias that only carries ordering: runs where its wrapper runs
+        elif target is getitem and isinstance(node.args[0], torch.fx.Node):
+            # One result of a multi-output op (or a chunk of a list of views): it launches
+            # nothing, and the op's kernel is what writes it.
+            if src is None:
+                producer[node] = producer.get(node.args[0], node.args[0])
+        elif op == "call_function" and ops.is_view(node):
+            pass  # metadata only: its readers read the source's storage (root), nothing runs
         elif target is not control_deps:
             compute.append(node)
 
@@ -192,6 +204,7 @@ def read_streams(
         external_events=external,
         position={n: i for i, n in enumerate(nodes)},
         compute=frozenset(compute),
+        producer=producer,
         named=frozenset(named),
     )
     # Streams and events are looked up in one object table: one index cannot be both.

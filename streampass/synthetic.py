@@ -8,6 +8,7 @@ tensors compare bit for bit without overflow.
 
 from __future__ import annotations
 
+import operator
 import random
 
 import torch
@@ -32,14 +33,19 @@ def random_stream_graph(
     copy_epilogue: bool = True,
     run_length: int = 4,
     views: float = 0.0,
+    multi_output: float = 0.0,
+    attributes: float = 0.0,
 ) -> torch.fx.GraphModule:
     """A random graph of about ``n_nodes`` compute nodes spread over ``n_streams`` streams.
 
     ``style``: ``"annotate"`` (``custom.stream``), ``"fork_join"`` (nested fork/join regions,
     nodes unannotated) or ``"mixed"``. ``inplace``: share of in-place ``mul_`` on earlier
     values; ``copy_epilogue`` adds functionalization-style ``copy_`` into one input;
-    ``views``: share of ops that are views (``t``) of an earlier value; ``run_length``: the
-    longest stretch of consecutive ops on one stream.
+    ``views``: share of ops that are views (``t``) of an earlier value; ``multi_output``: share
+    of ops that are a multi-output op (``aminmax``) whose two results (getitems) clamp an
+    earlier value; ``attributes``: share of operands that are module buffers, read through a
+    ``get_attr`` placed at first use as ``make_fx`` does; ``run_length``: the longest stretch of
+    consecutive ops on one stream.
 
     >>> gm = random_stream_graph(20, 3, seed=1)
     >>> import streampass as sp
@@ -50,6 +56,7 @@ def random_stream_graph(
         raise ValueError(f"unknown style {style!r}")
     rng = random.Random(seed)
     g = torch.fx.Graph()
+    root = torch.nn.Module()
     values: list[torch.fx.Node] = []
     for i in range(n_inputs):
         p = g.placeholder(f"in{i}")
@@ -78,7 +85,9 @@ def random_stream_graph(
         for _ in range(length):
             if made >= n_nodes:
                 break
-            created = _random_op(g, rng, values, inputs, inplace, matmul, size, views)
+            if attributes and rng.random() < attributes:
+                values.append(_buffer(g, root, rng, size))  # its get_attr stands here, at first use
+            created = _random_op(g, rng, values, inputs, inplace, matmul, size, views, multi_output)
             if not use_fork:
                 stream_note = s
             elif style == "mixed" and rng.random() < 0.3:
@@ -101,12 +110,21 @@ def random_stream_graph(
         c.meta["val"] = torch.empty(size, size, device="meta")
         if style != "fork_join":
             c.meta["custom"] = {"stream": rng.randrange(n_streams)}
-    tail = [v for v in values[-3:] if v.op != "placeholder"] or values[:1]
+    tail = [v for v in values[-3:] if v.op not in ("placeholder", "get_attr")] or values[:1]
     g.output(tuple(tail))
-    return torch.fx.GraphModule(torch.nn.Module(), g)
+    return torch.fx.GraphModule(root, g)
 
 
-def _random_op(g, rng, values, inputs, inplace, matmul, size, views=0.0) -> list[torch.fx.Node]:
+def _buffer(g, root: torch.nn.Module, rng, size: int) -> torch.fx.Node:
+    name = f"buf{len(root._buffers)}"
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    root.register_buffer(name, torch.rand(size, size, generator=gen) * 2 - 1)
+    node = g.get_attr(name)
+    node.meta["val"] = torch.empty(size, size, device="meta")
+    return node
+
+
+def _random_op(g, rng, values, inputs, inplace, matmul, size, views=0.0, multi_output=0.0) -> list[torch.fx.Node]:
     def pick() -> torch.fx.Node:
         # prefer recent values: graphs are mostly local, with some long edges
         k = min(len(values), 12)
@@ -119,9 +137,17 @@ def _random_op(g, rng, values, inputs, inplace, matmul, size, views=0.0) -> list
 
     if views and rng.random() < views:
         return [call(aten.t.default, (pick(),))]
+    if multi_output and rng.random() < multi_output:
+        pair = g.call_function(aten.aminmax.default, (pick(),), {"dim": 1, "keepdim": True})
+        pair.meta["val"] = (torch.empty(size, 1, device="meta"), torch.empty(size, 1, device="meta"))
+        lo, hi = (g.call_function(operator.getitem, (pair, i)) for i in (0, 1))
+        lo.meta["val"], hi.meta["val"] = pair.meta["val"]
+        clamped = call(aten.minimum.default, (pick(), hi))
+        return [pair, lo, hi, clamped, call(aten.maximum.default, (clamped, lo))]
     r = rng.random()
     if r < inplace:
-        cands = [v for v in values if v.op != "placeholder"]
+        # not inputs or module buffers: a graph called twice must compute the same
+        cands = [v for v in values if v.op != "placeholder" and _storage(v).op != "get_attr"]
         if cands:
             target, other = rng.choice(cands[-12:]), pick()
             # Eager refuses an in-place op whose input partly overlaps its output, as a

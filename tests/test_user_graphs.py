@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import operator
 
 import pytest
 import torch
@@ -150,3 +151,65 @@ def test_single_stream_graph_with_a_user_record_runs_after_run():
     assert sp.run(gm).ok
     xs = torch.randn(3)
     torch.testing.assert_close(gm(xs)[0], xs.sin())
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-output ops and views launch nothing (items 2 and 3)
+# --------------------------------------------------------------------------------------------
+def _layer_norm(x, w, b):
+    with sp.stream(1):
+        y, mean, rstd = aten.native_layer_norm(x, [8], w, b, 1e-5)
+    return y + 1, rstd
+
+
+def _max_pool(x):
+    with sp.stream(1):
+        out, idx = aten.max_pool2d_with_indices(x, [2, 2])
+    return out * 2, idx
+
+
+MULTI_OUTPUT = {
+    "native_layer_norm": (_layer_norm, lambda: (torch.randn(4, 8), torch.randn(8), torch.randn(8))),
+    "max_pool2d_with_indices": (_max_pool, lambda: (torch.randn(1, 2, 4, 4),)),
+}
+
+
+@pytest.mark.parametrize("name", MULTI_OUTPUT)
+def test_moving_a_getitem_of_a_multi_output_op_is_a_legal_reorder(name):
+    fn, make = MULTI_OUTPUT[name]
+    args = make()
+    gm = make_fx(fn)(*args)
+    assert sp.run(gm).ok
+    op = next(n for n in gm.graph.nodes if getattr(n.target, "_opname", None) == name)
+    order = list(gm.graph.nodes)
+    moved = False
+    getitems = [u for u in op.users if u.target is operator.getitem and u.users]
+    for item in getitems:  # each used getitem moves later, to just before its first user
+        first_user = min(item.users, key=order.index)
+        between = order[order.index(item) + 1 : order.index(first_user)]
+        moved |= any(ops.as_sync_call(n) is not None for n in between)  # past a sync
+        first_user.prepend(item)
+        order = list(gm.graph.nodes)
+    assert moved
+    gm.graph.lint()
+    gm.recompile()
+    assert sp.verify(gm).ok, sp.verify(gm)
+    again = sp.run(gm)
+    assert again.ok and again.records_added == again.waits_added == 0
+    for got, want in zip(gm(*args), fn(*args)):
+        torch.testing.assert_close(got, want)
+
+
+def test_hazards_name_kernels_not_views():
+    def f(x, w):
+        with sp.stream(1):
+            y = x @ w.t()
+        return y.detach() + 1
+
+    gm = make_fx(f)(torch.randn(4, 4), torch.randn(4, 4))
+    report = sp.verify(gm)
+    involved = {name for h in report.hazards for name in h.nodes}
+    assert "mm" in involved and "add" in involved
+    assert not involved & {"t", "detach"}, report
+    # the kernel that reads w through the view is the one that must wait for it
+    assert any(h.kind == "entry" and h.nodes == ("w_1", "mm") for h in report.hazards)
