@@ -100,6 +100,23 @@ class StreamDAG:
         """Read ``g``'s streams (see :func:`streampass.reading.read_streams`) and build the DAG."""
         return cls(read_streams(g, external_events))
 
+    def __repr__(self) -> str:
+        """One line, like networkx's: size, streams, cross-stream edges.
+
+        >>> import torch, streampass as sp
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> def f(x):
+        ...     with sp.stream(1):
+        ...         y = x.sin()
+        ...     return y + 1
+        >>> sp.StreamDAG.from_graph(make_fx(f)(torch.ones(2)))
+        <StreamDAG: 4 nodes on streams [0, 1], 2 cross-stream data edges>
+        """
+        return (
+            f"<StreamDAG: {self.nx.number_of_nodes()} nodes on streams {self.streams}, "
+            f"{len(self.cross_stream_edges())} cross-stream data edges>"
+        )
+
     # -- queries --------------------------------------------------------------------------
     @property
     def streams(self) -> list[int]:

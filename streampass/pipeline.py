@@ -34,6 +34,20 @@ class RunResult:
     def ok(self) -> bool:
         return self.after.ok
 
+    def __repr__(self) -> str:
+        """One line: whether the result is race-free, and what the pass did.
+
+        >>> import torch, streampass as sp
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> def f(x):
+        ...     with sp.stream(1):
+        ...         y = x.sin()
+        ...     return y + 1
+        >>> sp.run(make_fx(f)(torch.ones(2)))
+        <RunResult ok: streams [0, 1]: 4 hazard(s) before, 0 after; added 3 record(s), 3 wait(s)>
+        """
+        return f"<RunResult {'ok' if self.ok else 'NOT race-free'}: {self.summary()}>"
+
     def summary(self) -> str:
         return (
             f"streams {self.after.streams}: {len(self.before.hazards)} hazard(s) before, "

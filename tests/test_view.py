@@ -182,7 +182,7 @@ def test_summary_counts(small):
 
 
 def test_compare_shows_added_syncs_and_fixed_hazards():
-    from streampass.cli import trace_demo
+    from streampass.commands import trace_demo
 
     gm, _ = trace_demo()
     before = copy.deepcopy(gm)

@@ -1,0 +1,222 @@
+"""What the ``streampass`` commands do: ``demo`` (the embedded model, end to end) and ``inspect``.
+
+:mod:`streampass.cli` parses the command line without importing torch and calls these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import os
+import sys
+import warnings
+from collections import Counter
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from . import annotate
+from .dag import StreamDAG
+from .errors import StreamPassError
+from .pipeline import run
+from .runtime import run_serial
+
+
+class UsageError(Exception):
+    """A command-line mistake: the CLI prints it as one line and exits with status 2."""
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    with warnings.catch_warnings():
+        # torch's own pytree deprecation, raised while copying make_fx's input spec: not the user's
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        return copy.deepcopy(gm)
+
+
+class DemoBlock(torch.nn.Module):
+    """An attention-style block: the value projection and a gating MLP run on side streams."""
+
+    def __init__(self, dim: int = 64):
+        super().__init__()
+        self.q = torch.nn.Linear(dim, dim)
+        self.k = torch.nn.Linear(dim, dim)
+        self.v = torch.nn.Linear(dim, dim)
+        self.gate = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(), torch.nn.Linear(2 * dim, dim))
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with annotate.stream(1):
+            v = self.v(x)  # side stream 1: value projection
+        with annotate.stream(2):
+            g = torch.sigmoid(self.gate(x))  # side stream 2: gating MLP
+        q, k = self.q(x), self.k(x)  # ambient stream
+        attn = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+        return self.out(attn @ v) * g
+
+
+def trace_demo(batch: int = 16, dim: int = 64, seed: int = 0):
+    """The demo block traced with make_fx (parameters as inputs), and example inputs."""
+    torch.manual_seed(seed)
+    block = DemoBlock(dim)
+    params = dict(block.named_parameters())
+    x = torch.randn(batch, dim)
+
+    def fn(params, x):
+        return torch.func.functional_call(block, params, (x,))
+
+    gm = make_fx(fn)(params, x)
+    return gm, (params, x)
+
+
+def describe(dag: StreamDAG) -> list[str]:
+    """Lines describing a DAG: streams, nodes per stream, cross-stream edges."""
+    a = dag.assignment
+    per_stream = Counter(a.stream[n] for n in a.nodes if a.is_compute(n))
+    lines = [f"streams: {dag.streams} (0 = ambient)"]
+    for s in dag.streams:
+        lines.append(f"  stream {s}: {per_stream.get(s, 0)} compute node(s)")
+    cross = dag.cross_stream_edges()
+    lines.append(f"cross-stream data edges: {len(cross)}")
+    for u, v in cross[:12]:
+        lines.append(f"  {u} (stream {dag.stream_of(u)}) -> {v} (stream {dag.stream_of(v)})")
+    if len(cross) > 12:
+        lines.append(f"  ... {len(cross) - 12} more")
+    return lines
+
+
+def demo(args: argparse.Namespace) -> int:
+    """``streampass demo``: trace the embedded block, report its streams and hazards, run the
+    pass, check the result against the original, write the HTML report. Exit 0 on success."""
+    gm, example = trace_demo()
+    original = _copy(gm)  # run() edits gm in place; the HTML report shows both
+    expected = run_serial(gm, *example)
+    before = StreamDAG.from_graph(gm)
+    print("== streampass demo: an attention block with side-stream projections ==")
+    print("\n".join(describe(before)))
+    hazards = before.hazards()
+    kinds = Counter(h.kind for h in hazards)
+    print(f"hazards before the pass: {len(hazards)} ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})")
+    shown = {}
+    for h in hazards:  # one example of each kind, then the count
+        shown.setdefault(h.kind, h)
+    for h in shown.values():
+        print(f"  {h}")
+    result = run(gm)
+    print(f"pass: {result.summary()}")
+    print(f"hazards after the pass: {len(result.after.hazards)}")
+    got = gm(*example)
+    same = torch.equal(got, expected)
+    print(f"rewritten graph called eagerly on CPU equals the original: {same}")
+    _write_html(args, original, gm, "streampass demo: attention block with side streams", describe(before) + [f"pass: {result.summary()}"])
+    if not (result.ok and same):
+        return 1
+    return 0
+
+
+def _write_html(args: argparse.Namespace, before, after, title: str, lines: list[str]) -> None:
+    if not getattr(args, "html", None):
+        return
+    from .report import write_report
+
+    path = write_report(args.html, before, after, title=title, lines=lines)
+    print(f"HTML report: {path.resolve()}")
+
+
+def _shape(spec: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in spec.strip().lower().split("x"))
+    except ValueError:
+        dims = ()
+    if not dims or any(d < 0 for d in dims):
+        raise UsageError(f"--shapes: {spec.strip()!r} is not a shape; write sizes joined by x, shapes by commas: 8x16,16x4")
+    return dims
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise UsageError(f"--dtype: torch has no dtype {name!r}; for example float32, float16 or bfloat16")
+    return dt
+
+
+def _import_target(target: str):
+    mod_name, _, attr = target.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: modules next to you are found
+    try:
+        obj = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if e.name and mod_name.startswith(e.name):
+            raise UsageError(
+                f"cannot import module {mod_name!r}: run from the folder that holds it, or put that folder on PYTHONPATH"
+            ) from e
+        raise
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
+        try:
+            obj = obj()
+        except TypeError as e:
+            raise UsageError(
+                f"{target}: the module class needs arguments ({e}); name a function that builds and returns "
+                f"the module instead, e.g. {mod_name}:make_model"
+            ) from e
+    if not callable(obj):
+        raise UsageError(f"{target} is not a function or module")
+    return obj
+
+
+def load_target(target: str, shapes: str | None = None, dtype: str = "float32") -> torch.fx.GraphModule:
+    """A graph to inspect: a ``torch.export`` program file (``.pt2``), or ``module:function``
+    (or ``module:ModuleClass``, built with no arguments) traced with make_fx on random inputs
+    of ``shapes`` (``"8x16,16x4"``). Raises :class:`UsageError` for what the user can fix."""
+    if target.endswith(".pt2") or os.path.isfile(target):
+        if not os.path.isfile(target):
+            raise UsageError(f"no such file: {target}")
+        # the flat ATen graph, parameters as inputs; stream annotations survive strict export only
+        return torch.export.load(target).graph_module
+    mod_name, sep, attr = target.partition(":")
+    if not sep or not mod_name or not attr:
+        raise UsageError(f"TARGET must be a .pt2 file or module:function, got {target!r}")
+    dt = _dtype(dtype)
+    inputs = [torch.randn(*_shape(spec), dtype=dt) for spec in (shapes or "").split(",") if spec.strip()]
+    fn = _import_target(target)
+    try:
+        return make_fx(fn)(*inputs)
+    except (TypeError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(
+            f"tracing {target} on {len(inputs)} random input(s) failed: {first}; "
+            f"give --shapes one shape per tensor argument"
+        ) from e
+
+
+def inspect(args: argparse.Namespace) -> int:
+    """``streampass inspect TARGET``: the demo's report for a user's program (see load_target)."""
+    gm = load_target(args.target, args.shapes, args.dtype)
+    original = _copy(gm)
+    dag = StreamDAG.from_graph(gm)
+    lines = [f"== streampass inspect {args.target} =="] + describe(dag)
+    if dag.streams == [0]:
+        lines.append("  (only the ambient stream: torch.export keeps streampass.stream annotations with strict=True)")
+    hazards = dag.hazards()
+    kinds = Counter(h.kind for h in hazards)
+    lines.append(f"hazards before the pass: {len(hazards)} ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})")
+    shown = {}
+    for h in hazards:
+        shown.setdefault(h.kind, h)
+    lines += [f"  {h}" for h in shown.values()]
+    print("\n".join(lines))
+    try:
+        result = run(gm)
+    except StreamPassError as e:
+        print(f"pass refused: {e}")
+        _write_html(args, original, None, f"streampass inspect {args.target}", lines + [f"pass refused: {e}"])
+        return 2
+    tail = [f"pass: {result.summary()}", f"hazards after the pass: {len(result.after.hazards)}"]
+    print("\n".join(tail))
+    _write_html(args, original, gm, f"streampass inspect {args.target}", lines + tail)
+    return 0 if result.ok else 1
