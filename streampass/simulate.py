@@ -161,9 +161,9 @@ class Schedule:
         util = ", ".join(f"{s}: {u:.0%}" for s, u in self.utilisation.items())
         race = f"; {len(self.races)} race(s) in this schedule" if self.races else ""
         return (
-            f"makespan {self.makespan * 1e6:.1f} us on {self.profile.name} "
-            f"(serial {self.serial_time * 1e6:.1f} us, critical path {self.critical_path_time * 1e6:.1f} us, "
-            f"speedup {self.speedup:.2f}x); utilisation {util}{race}"
+            f"simulated makespan {self.makespan * 1e6:.1f} us on the {self.profile.name} cost model, not measured "
+            f"(one stream {self.serial_time * 1e6:.1f} us, critical path {self.critical_path_time * 1e6:.1f} us, "
+            f"speedup {self.speedup:.2f}x over one stream); utilisation {util}{race}"
         )
 
     def __repr__(self) -> str:
