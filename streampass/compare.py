@@ -144,7 +144,14 @@ class Comparison:
             parts.append(f"<h4>Other syncs added ({len(self.other)})</h4>{rows(self.other)}")
         if self.removed_syncs:
             parts.append(f"<p>Syncs removed: {html.escape(', '.join(self.removed_syncs))}</p>")
-        parts.append(f"<h4>Hazards that went away ({len(self.fixed)})</h4>{hazard_table(self.fixed)}")
+        if self.fixed and self.ok and not self.introduced:  # all of them: the table above lists them
+            kinds = Counter(h.kind for h in self.fixed)
+            parts.append(
+                f"<h4>Hazards that went away ({len(self.fixed)})</h4><p>all of them "
+                f"({html.escape(', '.join(f'{k}: {n}' for k, n in sorted(kinds.items())))})</p>"
+            )
+        else:
+            parts.append(f"<h4>Hazards that went away ({len(self.fixed)})</h4>{hazard_table(self.fixed)}")
         if self.introduced:
             parts.append(f'<h4 class="sp-bad">Hazards that appeared ({len(self.introduced)})</h4>{hazard_table(self.introduced)}')
         if self.hazards_after and not self.introduced:

@@ -26,7 +26,7 @@ def _dag_body(dag, max_nodes: int, engine: str) -> str:
         _view.summary_table(d)
         + f"<h3>Hazards ({len(d.hazards)})</h3>"
         + _view.hazard_table(d.hazards)
-        + f"<h3>Drawing</h3><p class=\"sp-note\">{html.escape(v.note)}</p>"
+        + "<h3>Drawing</h3>"
         + _view.legend_html()
         + f'<div class="sp-svg">{_view.inline_svg(v.svg())}</div>'
     )
@@ -43,7 +43,7 @@ def _schedule_body(gm, cost: str) -> str | None:
         return f"<p>simulation unavailable for this graph: {html.escape(str(e))}</p>"
     return (
         f'<p class="sp-note">{html.escape(sched.summary())}</p>'
-        f'<div class="sp-svg">{_view.inline_svg(_view.schedule_svg(sched))}</div>'
+        f'<div class="sp-svg">{_view.inline_svg(_view.schedule_svg(sched, caption=False))}</div>'
     )
 
 

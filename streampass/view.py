@@ -580,7 +580,9 @@ def _select(
             hazard_edges.append((ends[0], ends[-1], h))
 
     note = "whole graph" if not parts else "; ".join(parts)
-    note = f"{len(drawn)} of {len(by_name)} node(s) drawn ({note})"
+    folded = len(d.nodes) - len(by_name)
+    note = f"{len(drawn)} of {len(d.nodes)} node(s) drawn ({note}"
+    note += f"; {folded} control_deps subgraph and passthrough node(s) folded into their syncs)" if folded else ")"
     if left:
         where = ", ".join(f"stream {s}: {k}" for s, k in left_by_stream.items())
         note += (
@@ -1163,7 +1165,7 @@ def repr_html(dag, max_nodes: int = MAX_NODES) -> str:
     parts = [f"<p>{head}</p>", summary_table(d)]
     if hz:
         parts.append(f"<details><summary>{len(hz)} hazard(s)</summary>{hazard_table(hz)}</details>")
-    parts.append(f'<p class="sp-note">{html.escape(v.note)}</p>{legend_html()}')
+    parts.append(legend_html())  # the drawing carries its own caption (v.note)
     parts.append(f'<div class="sp-svg">{inline_svg(v.svg())}</div>')
     return _wrap("".join(parts))
 
@@ -1174,13 +1176,13 @@ def repr_html(dag, max_nodes: int = MAX_NODES) -> str:
 CSS = """
 .sp-root{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;font-size:13px;color:#222}
 .sp-root table.sp-table{border-collapse:collapse;margin:6px 0}
-.sp-root .sp-table th,.sp-root .sp-table td{border:1px solid #ccc;padding:2px 8px;text-align:left;vertical-align:top}
+.sp-root .sp-table th,.sp-root .sp-table td{border:1px solid #ccc;padding:2px 8px;text-align:left !important;vertical-align:top}
 .sp-root .sp-table th{background:#f0f0f0}
 .sp-root .sp-bad{color:#d62728;font-weight:600}
 .sp-root .sp-ok{color:#2a8a2a;font-weight:600}
 .sp-root .sp-note{color:#555;font-size:12px;margin:4px 0}
 .sp-root .sp-svg{overflow:auto;max-height:720px;border:1px solid #e4e4e4;background:#fff}
-.sp-root .sp-svg svg{max-width:none;height:auto}
+.sp-root .sp-svg svg{max-width:100%;height:auto}
 .sp-root .sp-legend span{display:inline-block;margin-right:14px;font-size:12px}
 .sp-root .sp-sw{display:inline-block;width:22px;height:0;vertical-align:middle;margin-right:4px;border-top:2px solid}
 """
@@ -1226,7 +1228,7 @@ def inline_svg(svg: str) -> str:
 MAX_SLOTS = 4000
 
 
-def schedule_svg(schedule, max_slots: int = MAX_SLOTS, title: str | None = None) -> str:
+def schedule_svg(schedule, max_slots: int = MAX_SLOTS, title: str | None = None, caption: bool = True) -> str:
     """A Gantt chart of a simulated schedule: one row per stream (and the CPU if it did work),
     kernels coloured by stream, records green, waits orange, each bar's node as tooltip.
 
@@ -1282,10 +1284,22 @@ def schedule_svg(schedule, max_slots: int = MAX_SLOTS, title: str | None = None)
         ax.set_xlim(0, end * 1.02)
         ax.set_xlabel("time (us); dotted red line: critical path (lower bound)", fontsize=8)
         ax.tick_params(axis="x", labelsize=8)
-        head = title or schedule.summary()
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+
+        legend = [Patch(facecolor=_LANE_EDGES[s % len(_LANE_EDGES)], label=f"kernel on stream {s}") for s in schedule.streams]
+        legend += [
+            Patch(facecolor=_RECORD_FILL, edgecolor="#3a8a3a", label="record"),
+            Patch(facecolor=_WAIT_FILL, edgecolor="#c07a20", label="wait / sync"),
+            Line2D([0], [0], color=_HAZARD, ls=":", label="critical path"),
+        ]
+        ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(0, -0.32 if len(rows) < 4 else -0.2),
+                  ncol=min(len(legend), 6), fontsize=7, frameon=False)
+        head = title or (schedule.summary() if caption else "")
         if dropped:
             head += f" — first {max_slots} slots drawn, {dropped} left out"
-        fig.suptitle(head, x=0.01, ha="left", fontsize=8.5, wrap=True)
+        if head:
+            fig.suptitle(head, x=0.01, ha="left", fontsize=8.5, wrap=True)
         buf = io.BytesIO()
         fig.savefig(buf, format="svg", facecolor="white")
     text = buf.getvalue().decode()
@@ -1313,5 +1327,5 @@ def schedule_html(schedule, **kwargs) -> str:
     """
     return _wrap(
         f'<p class="sp-note">{html.escape(schedule.summary())}</p>'
-        f'<div class="sp-svg">{inline_svg(schedule_svg(schedule, **kwargs))}</div>'
+        f'<div class="sp-svg">{inline_svg(schedule_svg(schedule, caption=False, **kwargs))}</div>'
     )

@@ -157,6 +157,74 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert red > 50, "no red (hazard) pixels in the rendered report"
 
 
+def _chromium_flags(profile: str) -> list[str]:
+    return [
+        _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}",
+    ]  # fmt: skip
+
+
+_MEASURE = """<script>
+window.addEventListener("load", () => {
+  const boxes = [...document.querySelectorAll(".sp-svg")].map(b => {
+    const svg = b.querySelector("svg"); const r = svg.getBoundingClientRect();
+    return {scroll: b.scrollWidth, client: b.clientWidth, svg: r.width};
+  });
+  document.body.setAttribute("data-layout", JSON.stringify({page: document.documentElement.scrollWidth,
+    window: window.innerWidth, boxes}));
+});
+</script>"""
+
+
+def test_report_layout_at_1400px(tmp_path):
+    """What a person sees at 1400 px: drawings fit the page, captions once, counts that agree."""
+    import copy
+    import html as html_lib
+    import json
+
+    from streampass.commands import trace_demo
+
+    gm, _ = trace_demo()
+    before = copy.deepcopy(gm)
+    sp.run(gm)
+    page = build_report(before, gm, title="layout check")
+    # every drawing's caption once; its node total is the table's
+    captions = re.findall(r"<text[^>]*>(\d+ of \d+ node\(s\) drawn[^<]*)</text>", page)
+    assert len(captions) == 2, captions  # one per drawing, in the drawing
+    assert not re.search(r'<p class="sp-note">[^<]*node\(s\) drawn', page)  # and not again above it
+    tables = re.findall(r'<section id="(before|after)">.*?</section>', page, flags=re.S)
+    assert len(tables) == 2
+    for section, caption in zip(("before", "after"), captions):
+        body = re.search(rf'<section id="{section}">(.*?)</section>', page, flags=re.S).group(1)
+        nodes = [int(row[1]) for row in re.findall(r"<tr><td>(\d+)(?: \(ambient\))?</td><td>(\d+)</td>", body)]
+        total = int(re.search(r"of (\d+) node", caption).group(1))
+        assert sum(nodes) == total, (section, nodes, caption)
+    # all hazards went away: said in one line, not a second copy of the table
+    changes = re.search(r'<section id="changes">(.*?)</section>', page, flags=re.S).group(1)
+    assert "what can go wrong" not in changes and "all of them" in changes
+    # the schedule: its summary once (in the page, not again in the chart), and a legend
+    sched = re.search(r'<section id="schedule">(.*?)</section>', page, flags=re.S).group(1)
+    summary = re.search(r'<p class="sp-note">([^<]*)</p>', sched).group(1)
+    assert sched.count(summary[:40]) == 1 and "kernel on stream 0" in sched and "critical path" in sched
+
+    path = tmp_path / "report.html"
+    path.write_text(page.replace("</body>", _MEASURE + "</body>"))
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.run(
+            _chromium_flags(profile) + ["--window-size=1400,1000", "--dump-dom", path.resolve().as_uri()],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+    dom = proc.stdout.decode(errors="replace")
+    found = re.search(r'data-layout="([^"]*)"', dom)
+    assert found, proc.stderr.decode(errors="replace")[-2000:]
+    layout = json.loads(html_lib.unescape(found.group(1)))
+    assert layout["page"] <= layout["window"], layout  # no horizontal scrolling
+    assert len(layout["boxes"]) == 3  # two drawings and the schedule
+    for box in layout["boxes"]:
+        assert box["scroll"] <= box["client"] + 1 and box["svg"] <= box["client"] + 1, layout
+
+
 def test_cli_module_runs_without_html():
     proc = subprocess.run(
         [sys.executable, "-m", "streampass.cli", "demo", "--html", ""], capture_output=True, timeout=300
