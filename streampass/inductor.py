@@ -215,8 +215,8 @@ class StreamPass(PassBase):
             # inductor's CPU codegen.
             lowered = device.type == "cpu" and lower_for_cpu(gm)
             return GraphReport(
-                kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered or offset != 0,
-                "cpu" if lowered else "none", indices=indices,
+                kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",
+                indices=indices,
             )  # fmt: skip
         result = run(gm, bind_runtime=False, recompile=False)  # the lowering below recompiles
         kept = _copy(gm) if self.keep_graphs else None

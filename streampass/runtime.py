@@ -9,9 +9,9 @@ there before are put back afterwards, so nothing leaks from one graph to another
 
 A copy of the graph (``copy.deepcopy``, pickling) loses those hooks, and a compiled graph
 looks up indices streampass allocated that dynamo never registered: for both,
-:func:`install_object_fallback` lets dynamo's table answer an index it has no entry for with
-a process-wide object (index 0 the current stream, an index ``>= EVENT_BASE`` an event, any
-other a side stream). :func:`install` turns it on.
+:func:`install_object_fallback` routes the ops' lookups through :func:`lookup`, which answers
+an index dynamo has no entry for with a process-wide object (index 0 the current stream, an
+index ``>= EVENT_BASE`` an event, any other a side stream). :func:`install` turns it on.
 
 On CPU, torch's events cannot be recorded, so CPU graphs get :class:`NoOpEvent` and
 :class:`NoOpStream` (subclasses, so the ops' type checks pass); every sync is then a no-op
@@ -86,6 +86,8 @@ def _fallback_object(index: int):
     return _FALLBACK[key]
 
 
+# dynamo's own lookup, kept before install_object_fallback replaces the names it is known by
+_DYNAMO_LOOKUP = getattr(table.get_external_object_by_index, "__wrapped_dynamo__", table.get_external_object_by_index)
 _bound = threading.local()  # .tables: index -> object of each graph being called, innermost last
 
 
@@ -112,7 +114,7 @@ def lookup(index: int):
         if obj is not None:
             return obj
     try:
-        return table.get_external_object_by_index(index)
+        return _DYNAMO_LOOKUP(index)
     except AssertionError as e:
         if "not registered" not in str(e) or not isinstance(index, int) or index < 0:
             raise
@@ -122,21 +124,23 @@ def lookup(index: int):
 def install_object_fallback() -> None:
     """Route the stream ops' index lookups through :func:`lookup` (idempotent, process-wide).
 
-    The ops (``torch._dynamo.variables.streams``) and inductor's generated code resolve an index
-    with that module's ``get_external_object_by_index``; it is replaced there, nowhere else, so
-    dynamo's own entries, its per-call prologue and ``reset_user_object_tracking`` work as before
-    and only lookups that would fail (``AssertionError: Index not registered``) or that a bound
-    graph answers change.
+    The ops (``torch._dynamo.variables.streams``) and inductor's generated code (which imports
+    it from ``torch._dynamo.graph_bytecode_inputs``: torch 2.13's multi-stream codegen, or through
+    the ops' module: 2.15's) resolve an index with ``get_external_object_by_index``; that name is
+    replaced in those two modules, nowhere else. dynamo's own entries, its per-call prologue and
+    ``reset_user_object_tracking`` work as before; only lookups that would fail (``AssertionError:
+    Index not registered``) or that a bound graph answers change.
 
+    >>> from torch._dynamo import graph_bytecode_inputs
     >>> from torch._dynamo.variables import streams
-    >>> saved = streams.get_external_object_by_index
     >>> install_object_fallback(); install_object_fallback()  # a second call changes nothing
-    >>> streams.get_external_object_by_index is lookup
+    >>> streams.get_external_object_by_index is graph_bytecode_inputs.get_external_object_by_index is lookup
     True
-    >>> streams.get_external_object_by_index = saved  # undo the process-wide fallback
     """
     from torch._dynamo.variables import streams
 
+    lookup.__wrapped_dynamo__ = _DYNAMO_LOOKUP
+    table.get_external_object_by_index = lookup
     streams.get_external_object_by_index = lookup
 
 
