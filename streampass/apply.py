@@ -277,7 +277,8 @@ class _Editor:
         getter = self._subgraph(call, len(passthrough))
         sync.target = ops.CONTROL_DEPS
         sync.args = (tuple(deps), getter, *call.args, *passthrough)
-        sync.kwargs = {}  # call.args holds them in schema order
+        if sync.kwargs:
+            sync.kwargs = {}  # call.args holds them in schema order (FX's setter is not free)
         self.edited.append(sync)
         self.changed = True
         self._reroute(sync, passthrough, rewires)
