@@ -355,6 +355,20 @@ def _attr(gm: torch.nn.Module, target: str):
     return obj
 
 
+def own_sync_body(gm: torch.fx.GraphModule, node: Node, base: str, edit=None) -> Node:
+    """Give the ``control_deps`` node ``node`` a copy of its subgraph of its own, first passed to
+    ``edit(graph)`` if given; returns the new ``get_attr`` (inserted before ``node``), which the
+    caller puts in ``node.args[1]``. Subgraphs may be shared; this is how one sync's changes."""
+    body = torch.fx.Graph()
+    body.output(body.graph_copy(ops.subgraph_module(node).graph, {}))
+    if edit is not None:
+        edit(body)
+    attr = free_attr(gm, f"{base}_{node.name}")
+    gm.add_submodule(attr, torch.fx.GraphModule(gm, body, class_name="StreamSync"))
+    with gm.graph.inserting_before(node):
+        return gm.graph.get_attr(attr)
+
+
 def free_attr(gm: torch.nn.Module, base: str) -> str:
     """An attribute name on ``gm`` starting with ``base`` that is not taken yet."""
     name, i = base, 0

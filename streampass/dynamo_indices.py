@@ -25,7 +25,7 @@ import torch
 import torch.fx
 
 from . import ops
-from .apply import free_attr
+from .apply import own_sync_body
 from .compat import registered_object
 
 #: tracing context of a forward compile -> the offset its graphs were read with
@@ -91,15 +91,12 @@ def shift_indices(gm: torch.fx.GraphModule, by: int) -> None:
         if call.wrapper is None:
             node.args = _shifted(node.args, positions, by)
             continue
-        body = torch.fx.Graph()
-        body.output(body.graph_copy(ops.subgraph_module(node).graph, {}))
-        for inner in body.nodes:
-            if inner.op == "call_function" and id(inner.target) in ops.STREAM_OP_IDS:
-                inner.args = _shifted(inner.args, positions, by)
-        attr = free_attr(gm, f"streampass_shifted_{node.name}")
-        gm.add_submodule(attr, torch.fx.GraphModule(gm, body, class_name="StreamSync"))
-        with gm.graph.inserting_before(node):
-            getter = gm.graph.get_attr(attr)
+        def shift_body(body: torch.fx.Graph, positions=positions) -> None:
+            for inner in body.nodes:
+                if inner.op == "call_function" and id(inner.target) in ops.STREAM_OP_IDS:
+                    inner.args = _shifted(inner.args, positions, by)
+
+        getter = own_sync_body(gm, node, "streampass_shifted", shift_body)
         node.args = (node.args[0], getter, *node.args[2:])
 
 

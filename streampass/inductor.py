@@ -48,7 +48,7 @@ import torch.fx
 
 from . import dynamo_indices, ops, runtime, snapshot
 from .annotate import AMBIENT
-from .apply import free_attr
+from .apply import own_sync_body
 from .compat import PassBase, PassChain, aot_guard_on, cpu_safe_aot, post_grad_config
 from .dag import StreamDAG
 from .pipeline import RunResult, run
@@ -398,13 +398,7 @@ def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
         call = a.syncs.get(node)
         if call is None or call.wrapper is None:
             continue
-        sub = ops.subgraph_module(node)
-        g = torch.fx.Graph()
-        g.output(g.graph_copy(sub.graph, {}))
-        attr = free_attr(gm, f"streampass_sync_{node.name}")
-        gm.add_submodule(attr, torch.fx.GraphModule(gm, g, class_name="StreamSync"))
-        with graph.inserting_before(node):
-            getter = graph.get_attr(attr)
+        getter = own_sync_body(gm, node, "streampass_sync")
         deps = tuple(node.args[0]) or tuple(tensor_inputs[:1])
         node.args = (deps, getter, *node.args[2:])
     _drop_unused_subgraphs(gm)
