@@ -5,6 +5,8 @@
   torch 2.11 takes one pass and calls it with the graph alone.
 * :func:`registered_object`: dynamo's object table is a dict up to 2.14 and a list from 2.15.
 * ``streampass.ops``: torch 2.11 has no ``synchronize_*`` stream ops.
+* ``control_deps`` (inductor's ordering wrapper, which streampass puts syncs in): torch 2.11
+  can neither call it eagerly nor keeps it through dead-code elimination; both are given here.
 * :func:`cpu_safe_aot`: torch's AOT stream pass crashes on CPU training graphs (below).
 
 Working around torch 2.13's own stream passes where they break CPU graphs.
@@ -62,6 +64,11 @@ class PassChain(_cgp.CustomGraphPass):
     def __deepcopy__(self, memo):
         return self  # like the passes it holds (StreamPass shares itself too)
 
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PassChain) and self.passes == other.passes
+
+    __hash__ = None  # mutable, like the list it stands for
+
 
 def _control_deps_runs_eagerly() -> None:
     """torch 2.11's ``control_deps`` has only a fake kernel, so a graph with it cannot be called
@@ -79,6 +86,52 @@ def _control_deps_runs_eagerly() -> None:
 
 
 _control_deps_runs_eagerly()
+
+
+def _control_deps_survives_dce() -> None:
+    """torch 2.13 marks ``control_deps`` side-effectful and FX's purity check honours that for
+    higher-order ops; 2.11 does neither, so ``eliminate_dead_code`` drops a wrapped wait whose
+    result nothing reads (the free-point waits at a graph's end). Give 2.11 the same rule."""
+    import torch._library.utils as library_utils
+    from torch._inductor.fx_passes.control_dependencies import control_deps
+    from torch.fx.node import _side_effectful_functions, has_side_effect
+
+    if control_deps not in _side_effectful_functions:
+        has_side_effect(control_deps)
+    if library_utils.is_impure(control_deps):
+        return
+    original = library_utils.is_impure
+
+    @functools.wraps(original)
+    def is_impure(op, *args, **kwargs):
+        # the 2.13 rule, for higher-order ops only (torch.fx.Node.is_impure imports this name
+        # from the module at each call)
+        if isinstance(op, torch._ops.HigherOrderOperator) and op in _side_effectful_functions:
+            return True
+        return original(op, *args, **kwargs)
+
+    library_utils.is_impure = is_impure
+
+
+_control_deps_survives_dce()
+
+
+def graph_kind(graph: torch.fx.Graph, is_inference: bool | None) -> str:
+    """"inference", "forward" or "backward": which graph of a compile inductor hands a post-grad
+    pass. torch >= 2.13 says whether it is an inference graph (``is_inference``); torch 2.11
+    does not (None), and AOT autograd's placeholder names tell: ``primals_*`` for a training
+    forward, ``tangents_*`` in a backward, ``arg*`` in an inference graph.
+
+    >>> g = torch.fx.Graph(); _ = g.placeholder("primals_1")
+    >>> graph_kind(g, None), graph_kind(g, True), graph_kind(g, False)
+    ('forward', 'inference', 'forward')
+    """
+    names = [p.name for p in graph.find_nodes(op="placeholder")]
+    if any(n.startswith("tangents") for n in names):
+        return "inference" if is_inference else "backward"
+    if is_inference is None:
+        is_inference = not any(n.startswith("primals") for n in names)
+    return "inference" if is_inference else "forward"
 
 
 def post_grad_config(passes: list):

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import dynamo_indices, ops, runtime, snapshot
+from . import compat, dynamo_indices, ops, runtime, snapshot
 from .annotate import AMBIENT
 from .apply import own_sync_body
 from .compat import PassBase, PassChain, aot_guard_on, cpu_safe_aot, post_grad_config
@@ -186,14 +186,14 @@ class StreamPass(PassBase):
 
         return _hash_files(_source_files(), f"streampass-{__version__}")
 
-    def __call__(self, graph: torch.fx.Graph, is_inference: bool = True) -> None:
+    def __call__(self, graph: torch.fx.Graph, is_inference: bool | None = None) -> None:
         if ops.is_sync_subgraph(graph):
             # The body of a control_deps sync, handed over before the graph that calls it: it
             # is planned, verified and lowered as part of that graph.
             return
         gm = graph.owning_module
-        backward = not is_inference and _is_backward(graph)
-        kind = "inference" if is_inference else ("backward" if backward else "forward")
+        kind = compat.graph_kind(graph, is_inference)
+        backward = kind == "backward"
         device = _device_of(graph)
         offset, indices = dynamo_indices.index_offset(backward)
         saved = snapshot.take(gm)
@@ -253,10 +253,6 @@ def _emit(report: GraphReport) -> None:
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-
-
-def _is_backward(graph: torch.fx.Graph) -> bool:
-    return any(p.name.startswith("tangents") for p in graph.find_nodes(op="placeholder"))
 
 
 def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:

@@ -39,6 +39,15 @@ def _op(name: str):
     return packet.default if packet is not None else _Absent(name)
 
 
+def exists(target) -> bool:
+    """Whether ``target`` is an op of this torch (False for a stand-in from a newer release).
+
+    >>> exists(RECORD_EVENT)
+    True
+    """
+    return not isinstance(target, _Absent)
+
+
 FORK = _op("fork")
 JOIN = _op("join")
 RECORD_EVENT = _op("record_event")

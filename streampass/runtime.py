@@ -54,6 +54,10 @@ class NoOpEvent(torch.Event):
 class NoOpStream(torch.Stream):
     """A stream for devices without streams (CPU): waiting does nothing."""
 
+    def record_event(self, event=None):
+        # torch's own would refuse a NoOpEvent on torch 2.11 ("expected event to be a torch.Event")
+        return event if event is not None else NoOpEvent("cpu")
+
     def wait_stream(self, stream) -> None:
         pass
 
@@ -67,16 +71,19 @@ class NoOpStream(torch.Stream):
 # --------------------------------------------------------------------------------------------
 # Objects for indices nobody registered (compiled graphs, and copies that lost their hooks)
 # --------------------------------------------------------------------------------------------
-_FALLBACK: dict[tuple[str, int], Any] = {}
+_FALLBACK: dict[tuple, Any] = {}
 
 
-def _fallback_object(index: int):
+def _fallback_object(index: int, kind: str | None = None):
+    """The process-wide object for ``index``; ``kind`` ("stream"/"event") overrides the guess
+    from the index (streampass allocates events from EVENT_BASE)."""
+    event = index >= EVENT_BASE if kind is None else kind == "event"
     acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     device = torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
-    if device.type == "cpu":
-        key = ("cpu", index)
+    if device.type == "cpu" or kind is not None:
+        key = ("cpu", index, event)
         if key not in _FALLBACK:
-            _FALLBACK[key] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
+            _FALLBACK[key] = NoOpEvent("cpu") if event else NoOpStream("cpu")
         return _FALLBACK[key]
     if index == AMBIENT:
         return torch.accelerator.current_stream(device)
@@ -114,11 +121,21 @@ def lookup(index: int):
         if obj is not None:
             return obj
     try:
-        return _DYNAMO_LOOKUP(index)
+        obj = _DYNAMO_LOOKUP(index)
     except AssertionError as e:
         if "not registered" not in str(e) or not isinstance(index, int) or index < 0:
             raise
-    return _fallback_object(index)
+        return _fallback_object(index)
+    if _cannot_sync_on_cpu(obj):
+        # A CPU torch.Stream cannot record an event (torch: "cpu backend doesn't support events",
+        # or "expected event to be a torch.Event object" for a NoOpEvent), and dynamo's table
+        # keeps the objects of the last compiled call: a graph called later must not crash on them.
+        return _fallback_object(index, "event" if isinstance(obj, torch.Event) else "stream")
+    return obj
+
+
+def _cannot_sync_on_cpu(obj) -> bool:
+    return type(obj) in (torch.Stream, torch.Event) and obj.device.type == "cpu"
 
 
 def install_object_fallback() -> None:
@@ -268,11 +285,14 @@ def install(gm: torch.fx.GraphModule) -> None:
     >>> len(gm._forward_pre_hooks), torch.equal(gm(torch.ones(4)), f(torch.ones(4)))
     (1, True)
     """
-    install_object_fallback()  # copies of gm lose the hooks (GraphModule.__deepcopy__, pickling)
+    install_object_fallback()  # a pickled copy loses the hooks: its lookups take this path
     if _bind_before_call in gm._forward_pre_hooks.values():
         return
     gm.register_forward_pre_hook(_bind_before_call)
     gm.register_forward_hook(_unbind_after_call, always_call=True)
+    # GraphModule.__deepcopy__ drops forward hooks but runs (and keeps) its deepcopy hooks
+    if install not in getattr(gm, "_deepcopy_hooks", ()) and hasattr(gm, "_register_deepcopy_hook"):
+        gm._register_deepcopy_hook(install)
 
 
 # Module-level hooks (not closures), so a graph with them can be deep-copied and pickled.

@@ -57,6 +57,23 @@ def getitem(node, i):
 __all__ = ["GraphBuilder", "aten", "ops"]
 
 
+def wrap_syncs_in_control_deps(gm: torch.fx.GraphModule) -> None:
+    """Wrap every sync of ``gm`` in ``control_deps``, as AOT autograd does with user syncs:
+    torch's own ``wrap_all_sync_nodes_with_control_deps`` (torch >= 2.13), or on torch 2.11,
+    which has none, inductor's ``preserve_node_ordering`` with each sync after the node before it."""
+    from torch._functorch._aot_autograd import streams as aot_streams
+
+    if hasattr(aot_streams, "wrap_all_sync_nodes_with_control_deps"):
+        aot_streams.wrap_all_sync_nodes_with_control_deps(gm)
+        return
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    deps = {n: OrderedSet([n.prev]) for n in gm.graph.nodes if ops.as_sync_call(n) is not None and n.prev.op != "root"}
+    preserve_node_ordering(gm.graph, deps)
+    gm.recompile()
+
+
 def reserve_stream_indices(n: int) -> None:
     """Start dynamo's object table afresh with streams at indices 0..n-1.
 

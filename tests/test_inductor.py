@@ -14,11 +14,12 @@ import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from conftest import reserve_stream_indices
+from conftest import reserve_stream_indices, wrap_syncs_in_control_deps
 
 import streampass as sp
 import streampass.inductor as spi
 from streampass import compat
+from streampass.compat import post_grad_config
 from streampass import ops
 from streampass.annotate import AMBIENT
 
@@ -203,14 +204,15 @@ def test_with_streampass_composes_and_does_not_double():
     assert spi.with_streampass(None)[0].__class__ is spi.StreamPass
     with inductor_config.patch(post_grad_custom_post_pass=user):
         with spi.enabled() as p:
-            assert inductor_config.post_grad_custom_post_pass == [user, p]
+            assert inductor_config.post_grad_custom_post_pass == post_grad_config([user, p])
         assert inductor_config.post_grad_custom_post_pass is user
 
 
 def test_user_pass_runs_and_ambient_graph_is_unchanged():
     before, after = Recorder("before"), Recorder("after")
     p = spi.StreamPass()
-    with inductor_config.patch(post_grad_custom_post_pass=[before, p, after]), spi.cpu_safe_aot_stream_passes():
+    chain = post_grad_config([before, p, after])  # a list where inductor takes one (torch >= 2.13)
+    with inductor_config.patch(post_grad_custom_post_pass=chain), spi.cpu_safe_aot_stream_passes():
         fn = lambda x, y: ambient(None, x, y)  # noqa: E731
         x, y = _inputs("ambient")
         torch.testing.assert_close(torch.compile(fn, backend="inductor")(x, y), fn(x, y))
@@ -328,7 +330,7 @@ def test_reuses_torch_backward_syncs_and_adds_only_missing(wrapped):
     gm = _backward_graph()
     aot_streams.insert_backward_syncs(gm)
     if wrapped:
-        aot_streams.wrap_all_sync_nodes_with_control_deps(gm)
+        wrap_syncs_in_control_deps(gm)
     gm.recompile()
     graph_bytecode_inputs.reset_user_object_tracking()
     torch_waits = _waits(gm)

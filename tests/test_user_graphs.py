@@ -11,7 +11,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
-from streampass import ops
+from streampass import ops, runtime
 from streampass.annotate import MAX_INDEX
 
 aten = torch.ops.aten
@@ -67,17 +67,33 @@ def _side_stream_graph():
     return f, make_fx(f)(torch.ones(3))
 
 
-def test_a_run_and_called_graph_can_be_copied_and_pickled():
+@pytest.fixture
+def stale_dynamo_table():
+    """dynamo's object table as a compiled call on CPU leaves it: real CPU streams at the low
+    indices (which cannot record events), still alive."""
+    from torch._dynamo import graph_bytecode_inputs as table
+
+    objects = [torch.Stream("cpu"), torch.Stream("cpu"), torch.Event("cpu")]
+    table.store_user_object_weakrefs(*objects)
+    yield objects
+    table.reset_user_object_tracking()
+
+
+def test_a_run_and_called_graph_can_be_copied_and_pickled(stale_dynamo_table):
     f, gm = _side_stream_graph()
     sp.run(gm)
     x = torch.randn(3)
     torch.testing.assert_close(gm(x), f(x))
     twin = copy.deepcopy(gm)
     torch.testing.assert_close(twin(x), f(x))
+    # the copy binds a table of its own, as the original does
+    assert runtime.state(twin)["table"] is not None
+    assert runtime.state(twin)["table"] is not runtime.state(gm)["table"]
     buf = io.BytesIO()
     torch.save(gm, buf)
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
+    # the loaded graph has no table; its lookups fall back, past dynamo's stale CPU objects
     torch.testing.assert_close(loaded(x), f(x))
 
 
