@@ -4,7 +4,9 @@
   and calls ``CustomInferenceAwareGraphPass`` ones with ``is_inference``, from torch 2.13 on;
   torch 2.11 takes one pass and calls it with the graph alone.
 * :func:`registered_object`: dynamo's object table is a dict up to 2.14 and a list from 2.15.
-* ``streampass.ops``: torch 2.11 has no ``synchronize_*`` stream ops.
+* ``streampass.ops``, :data:`STREAM_METHODS_ARE_OPS`: torch 2.11 has no ``synchronize_*`` stream
+  ops, and its dynamo does not turn ``Stream.synchronize`` / ``wait_stream`` into stream ops.
+* :func:`graph_kind`: torch 2.11 does not tell a post-grad pass whether a graph is inference.
 * ``control_deps`` (inductor's ordering wrapper, which streampass puts syncs in): torch 2.11
   can neither call it eagerly nor keeps it through dead-code elimination; both are given here.
 * :func:`cpu_safe_aot`: torch's AOT stream pass crashes on CPU training graphs (below).
@@ -30,10 +32,13 @@ import functools
 from collections.abc import Iterator
 
 import torch
-
-
+import torch._dynamo.variables.streams  # noqa: F401  (registers torch.ops.streams.*)
 from torch._inductor import custom_graph_pass as _cgp
 
+#: whether dynamo traces ``Stream.synchronize`` / ``Stream.wait_stream`` to stream ops (torch >=
+#: 2.13). torch 2.11 records them as method calls that AOT autograd runs while tracing, so no
+#: post-grad pass sees them (and on CPU, ``wait_stream`` fails in torch itself).
+STREAM_METHODS_ARE_OPS = hasattr(torch.ops.streams, "synchronize_stream")
 #: whether inductor takes a list of post-grad custom passes (torch >= 2.13)
 POST_GRAD_TAKES_LISTS = hasattr(_cgp, "get_custom_graph_passes")
 #: the base class of StreamPass: inductor passes ``is_inference`` to it where it can

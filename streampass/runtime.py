@@ -71,19 +71,16 @@ class NoOpStream(torch.Stream):
 # --------------------------------------------------------------------------------------------
 # Objects for indices nobody registered (compiled graphs, and copies that lost their hooks)
 # --------------------------------------------------------------------------------------------
-_FALLBACK: dict[tuple, Any] = {}
+_FALLBACK: dict[tuple[str, int], Any] = {}
 
 
-def _fallback_object(index: int, kind: str | None = None):
-    """The process-wide object for ``index``; ``kind`` ("stream"/"event") overrides the guess
-    from the index (streampass allocates events from EVENT_BASE)."""
-    event = index >= EVENT_BASE if kind is None else kind == "event"
+def _fallback_object(index: int):
     acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     device = torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
-    if device.type == "cpu" or kind is not None:
-        key = ("cpu", index, event)
+    if device.type == "cpu":
+        key = ("cpu", index)
         if key not in _FALLBACK:
-            _FALLBACK[key] = NoOpEvent("cpu") if event else NoOpStream("cpu")
+            _FALLBACK[key] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
         return _FALLBACK[key]
     if index == AMBIENT:
         return torch.accelerator.current_stream(device)
@@ -121,21 +118,11 @@ def lookup(index: int):
         if obj is not None:
             return obj
     try:
-        obj = _DYNAMO_LOOKUP(index)
+        return _DYNAMO_LOOKUP(index)
     except AssertionError as e:
         if "not registered" not in str(e) or not isinstance(index, int) or index < 0:
             raise
-        return _fallback_object(index)
-    if _cannot_sync_on_cpu(obj):
-        # A CPU torch.Stream cannot record an event (torch: "cpu backend doesn't support events",
-        # or "expected event to be a torch.Event object" for a NoOpEvent), and dynamo's table
-        # keeps the objects of the last compiled call: a graph called later must not crash on them.
-        return _fallback_object(index, "event" if isinstance(obj, torch.Event) else "stream")
-    return obj
-
-
-def _cannot_sync_on_cpu(obj) -> bool:
-    return type(obj) in (torch.Stream, torch.Event) and obj.device.type == "cpu"
+    return _fallback_object(index)
 
 
 def install_object_fallback() -> None:
@@ -285,14 +272,32 @@ def install(gm: torch.fx.GraphModule) -> None:
     >>> len(gm._forward_pre_hooks), torch.equal(gm(torch.ones(4)), f(torch.ones(4)))
     (1, True)
     """
-    install_object_fallback()  # a pickled copy loses the hooks: its lookups take this path
+    install_object_fallback()
     if _bind_before_call in gm._forward_pre_hooks.values():
         return
     gm.register_forward_pre_hook(_bind_before_call)
     gm.register_forward_hook(_unbind_after_call, always_call=True)
-    # GraphModule.__deepcopy__ drops forward hooks but runs (and keeps) its deepcopy hooks
+    # Copies get the hooks too. GraphModule.__deepcopy__ drops forward hooks but runs (and
+    # keeps) its deepcopy hooks; unpickling rebuilds the module from its code, without hooks or
+    # meta, so the class of this one instance (GraphModule makes one per instance) reduces to
+    # a call that puts them back.
     if install not in getattr(gm, "_deepcopy_hooks", ()) and hasattr(gm, "_register_deepcopy_hook"):
         gm._register_deepcopy_hook(install)
+    cls = type(gm)
+    if cls.__qualname__.endswith("GraphModuleImpl") and "__reduce__" not in cls.__dict__:
+        cls.__reduce__ = _reduce_installed
+
+
+def _reduce_installed(gm: torch.fx.GraphModule):
+    rebuild, args = super(type(gm), gm).__reduce__()[:2]
+    return _rebuild_installed, (rebuild, args, state(gm)["external_events"])
+
+
+def _rebuild_installed(rebuild, args, external_events) -> torch.fx.GraphModule:
+    gm = rebuild(*args)
+    state(gm)["external_events"] = tuple(external_events)
+    install(gm)
+    return gm
 
 
 # Module-level hooks (not closures), so a graph with them can be deep-copied and pickled.
@@ -345,12 +350,21 @@ def execute(gm: torch.fx.GraphModule, *args, device: torch.device | str | None =
         return StreamInterpreter(gm, t).run(*args)
 
 
+_SYNC_METHODS = frozenset({"record", "record_event", "wait", "wait_event", "wait_stream", "synchronize"})
+
+
 class _SerialInterpreter(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node):
         from . import ops
 
         if ops.as_sync_call(n) is not None:
             return None if n.target is not ops.CONTROL_DEPS else (None, *self.map_nodes_to_values(n.args[2:], n))
+        if n.op == "call_method" and n.target in _SYNC_METHODS and n.args:
+            # torch 2.11's dynamo graphs keep ``s.wait_stream(t)`` / ``s.synchronize()`` as
+            # method calls on the objects, not stream ops
+            owner = self.map_nodes_to_values(n.args[0], n)
+            if isinstance(owner, (torch.Stream, torch.Event)):
+                return None
         return super().run_node(n)
 
 

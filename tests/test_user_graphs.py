@@ -93,8 +93,22 @@ def test_a_run_and_called_graph_can_be_copied_and_pickled(stale_dynamo_table):
     torch.save(gm, buf)
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
-    # the loaded graph has no table; its lookups fall back, past dynamo's stale CPU objects
     torch.testing.assert_close(loaded(x), f(x))
+    assert runtime.state(loaded)["table"] is not None  # it bound a table of its own too
+    # unpickling re-traces the code: every sync must come back (none run at trace time)
+    assert _sync_args(loaded) == _sync_args(gm) and sp.verify(loaded).ok
+    twice = torch.load(io.BytesIO(_saved(loaded)), weights_only=False)
+    torch.testing.assert_close(twice(x), f(x))
+
+
+def _sync_args(gm) -> list:
+    return sorted((c.name, c.args) for c in sp.read_streams(gm).syncs.values())
+
+
+def _saved(module) -> bytes:
+    buf = io.BytesIO()
+    torch.save(module, buf)
+    return buf.getvalue()
 
 
 @pytest.mark.parametrize("index", [MAX_INDEX + 1, 2**80])

@@ -94,6 +94,8 @@ class Program:
     training: bool  # True when upstream runs backward
     kind: str = "function"  # "function" or "module"
     raises: type | None = None  # exception type upstream expects torch.compile to raise
+    match: str = ""  # a regex the message must match, where upstream checks the message
+    since: tuple[int, int] = (2, 11)  # the oldest torch that behaves as upstream expects
     fullgraph: bool = True  # False where upstream's program graph-breaks on purpose
     note: str = ""  # what upstream checks, how the CPU version differs
 
@@ -1973,6 +1975,7 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4, requires_grad=True).clone(),),
         training=False,
         raises=RuntimeError,
+        match='Mutations on inputs with user-specified streams',
         note=(
             "[eager-backend: no error raised; upstream expects RuntimeError from extract_graph's"
             " AOTAutograd path, which the eager backend does not run] "
@@ -2058,6 +2061,7 @@ PROGRAMS: list[Program] = [
             torch.ones(4, 4, requires_grad=True),
         ),
         training=True,
+        since=(2, 13),  # torch 2.11's inductor fails on it ('a leaf Variable that requires grad is being used in an in-place operation')
         note=(
             "[eager-backend: ok] "
             "autograd.Function with ctx streams: forward on s2, backward mutates the saved x on s1 "
@@ -2095,6 +2099,7 @@ PROGRAMS: list[Program] = [
         fn=record_stream_fn,
         inputs=lambda: (_randn(16),),
         training=False,
+        since=(2, 13),  # torch 2.11's dynamo runs Tensor.record_stream on fake tensors, which have no kernel for it
         note=(
             "[eager-backend: traces, fails at run: NotImplementedError: Could not run "
             "'aten::record_stream' with arguments from the 'CPU' backend.] "
@@ -2110,6 +2115,8 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
+        match='An event was recorded on a stream',
+        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2125,6 +2132,8 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
+        match='An event was recorded on a stream',
+        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2140,6 +2149,8 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
+        match='An event was recorded on a stream',
+        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2156,6 +2167,8 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
+        match='An event was recorded on a stream',
+        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2171,6 +2184,8 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4), CpuEvent("cpu")),
         training=False,
         raises=RuntimeError,
+        match='An event was recorded on a stream',
+        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2211,6 +2226,8 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
+        match='An event was recorded on a stream',
+        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2312,6 +2329,7 @@ PROGRAMS: list[Program] = [
         fn=record_stream_inductor_output_code,
         inputs=lambda: (_randn(16),),
         training=False,
+        since=(2, 13),  # torch 2.11's dynamo runs Tensor.record_stream on fake tensors, which have no kernel for it
         note=(
             "[eager-backend: traces, fails at run: NotImplementedError: Could not run "
             "'aten::record_stream' with arguments from the 'CPU' backend.] "
@@ -2702,6 +2720,7 @@ PROGRAMS: list[Program] = [
         fn=stream_wait_stream_not_dropped,
         inputs=lambda: (_randn(16),),
         training=False,
+        since=(2, 13),  # torch 2.11's AOT autograd runs Stream.wait_stream while tracing, which a CPU stream cannot do
         note=(
             "[eager-backend: traces, fails at run: RuntimeError: cpu backend doesn't support "
             "events.] "

@@ -1,0 +1,139 @@
+"""One test per difference streampass.compat papers over, on whichever torch runs the suite.
+
+Each test states what this torch does and that streampass gets the same result either way, so
+a torch that changes behaviour fails here first (docs/versions.md has the table)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+from torch._inductor.fx_passes.control_dependencies import control_deps
+
+import streampass as sp
+import streampass.inductor as spi
+from streampass import compat, ops, runtime
+from streampass.compat import post_grad_config
+
+TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+
+pytestmark = pytest.mark.usefixtures("fresh_caches")
+
+
+class _Keep(compat.PassBase):
+    """A post-grad pass that keeps each outer graph it is given, and what inductor passed."""
+
+    def __init__(self):
+        self.graphs, self.calls = [], []
+
+    def __call__(self, graph, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if not ops.is_sync_subgraph(graph):
+            self.graphs.append(torch.fx.GraphModule(graph.owning_module, copy.deepcopy(graph)))
+
+    def uuid(self):
+        return b"keep"
+
+
+def _sin_on_side_stream(x):
+    with sp.stream(1):
+        y = x.sin()
+    return y + 1
+
+
+def test_post_grad_passes_list_or_chain_and_graph_kind():
+    """torch >= 2.13 takes a list of post-grad passes and tells them ``is_inference``; 2.11
+    takes one pass and calls it with the graph alone. Either way each pass runs once per graph,
+    and StreamPass names forward and backward right."""
+    assert compat.POST_GRAD_TAKES_LISTS == (TORCH >= (2, 13))
+    keep, p = _Keep(), spi.StreamPass()
+    config = post_grad_config([keep, p])
+    assert isinstance(config, list) == compat.POST_GRAD_TAKES_LISTS
+    x = torch.randn(4, requires_grad=True)
+    with inductor_config.patch(post_grad_custom_post_pass=config), spi.cpu_safe_aot_stream_passes():
+        torch.compile(_sin_on_side_stream)(x).sum().backward()
+    assert [r.graph for r in p.reports] == ["forward", "backward"]
+    told = ["is_inference" in kw or len(a) == 1 for a, kw in keep.calls]
+    assert len(told) == 2 and (all(told) if compat.POST_GRAD_TAKES_LISTS else not any(told))
+
+
+def test_object_table_is_read_as_dict_or_list():
+    """dynamo's object table is a dict up to torch 2.14 and a list from 2.15."""
+    from torch._dynamo import graph_bytecode_inputs as table
+
+    entries = table.index_to_external_object_weakref
+    assert isinstance(entries, dict) == (TORCH < (2, 15))
+    s = torch.Stream("cpu")
+    table.store_user_object_weakrefs(s)
+    try:
+        assert compat.registered_object(0) is s and compat.registered_object(1) is None
+    finally:
+        table.reset_user_object_tracking()
+
+
+def test_synchronize_ops_exist_from_2_13():
+    """torch 2.11 has no ``synchronize_*`` stream ops; streampass's stand-ins are never a target."""
+    for target in (ops.SYNC_STREAM, ops.SYNC_EVENT, ops.SYNC_DEVICE):
+        assert ops.exists(target) == (TORCH >= (2, 13))
+        assert (target in ops.SYNC_TARGETS) == ops.exists(target)
+    assert compat.STREAM_METHODS_ARE_OPS == (TORCH >= (2, 13))
+
+
+def _synchronize_program(x):
+    s = torch.Stream("cpu")
+    y = x + 1
+    s.synchronize()
+    return y * 2
+
+
+def test_stream_methods_reach_post_grad_passes_from_2_13():
+    """``Stream.synchronize()`` reaches a post-grad pass as a stream op on torch >= 2.13; on
+    2.11 dynamo records a method call that AOT autograd runs while tracing, so no pass sees it.
+    The program's result is the same either way."""
+    keep = _Keep()
+    # (StreamPass after it: torch 2.13's CPU code for a synchronize alone does not run)
+    with inductor_config.patch(post_grad_custom_post_pass=post_grad_config([keep, spi.StreamPass()])):
+        out = torch.compile(_synchronize_program)(torch.ones(3))
+    torch.testing.assert_close(out, _synchronize_program(torch.ones(3)))
+    (gm,) = keep.graphs
+    syncs = [c.name for c in sp.read_streams(gm).syncs.values()]
+    assert syncs == (["synchronize_stream"] if compat.STREAM_METHODS_ARE_OPS else [])
+
+
+def _graph_with_a_dead_wait():
+    gm = torch.fx.experimental.proxy_tensor.make_fx(_sin_on_side_stream)(torch.ones(3))
+    sp.run(gm)
+    return gm
+
+
+def test_control_deps_is_kept_by_dead_code_elimination():
+    """torch 2.13 keeps a ``control_deps`` nothing reads through FX's dead-code elimination; 2.11
+    would drop it (compat gives it the 2.13 rule). A run graph's last waits read nothing."""
+    gm = _graph_with_a_dead_wait()
+    dead = [n for n in gm.graph.nodes if n.target is control_deps and not n.users]
+    assert dead, "the free-point wait at the end of the graph has no users"
+    assert all(n.is_impure() for n in dead)
+    count = len(list(gm.graph.nodes))
+    gm.graph.eliminate_dead_code()
+    assert len(list(gm.graph.nodes)) == count and sp.verify(gm).ok
+
+
+def test_control_deps_runs_eagerly():
+    """torch 2.11's ``control_deps`` has only a fake kernel; compat adds the eager ones 2.13 has."""
+    gm = _graph_with_a_dead_wait()
+    torch.testing.assert_close(gm(torch.ones(3)), _sin_on_side_stream(torch.ones(3)))
+    x = torch.ones(3, requires_grad=True)
+    gm(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones(3).cos())
+
+
+def test_noop_stream_records_a_noop_event():
+    """torch's ``Stream.record_event`` refuses an Event subclass (all versions) and a CPU
+    stream cannot record; a NoOpStream records its own NoOpEvent."""
+    stream, event = runtime.NoOpStream("cpu"), runtime.NoOpEvent("cpu")
+    with pytest.raises(RuntimeError):
+        torch.Stream("cpu").record_event(event)
+    assert stream.record_event(event) is event
+    assert isinstance(stream.record_event(), runtime.NoOpEvent)
