@@ -90,7 +90,7 @@ class _Editor:
         leading = list(itertools.takewhile(lambda n: n.op in ("placeholder", "get_attr"), self.graph.nodes))
 
         def at_entry(r):
-            return r.anchor.op in ("placeholder", "get_attr")
+            return r.anchor is not None and r.anchor.op in ("placeholder", "get_attr")
 
         for r in self.plan.records:
             if at_entry(r):
@@ -102,7 +102,7 @@ class _Editor:
             self.gate_node[w] = self._new_sync(node, w.stream)
         for r in self.plan.records:
             if not at_entry(r):
-                with self.graph.inserting_after(r.anchor):
+                with self.graph.inserting_after(r.anchor if r.after is None else self.gate_node[r.after]):
                     r.node = self._new_sync(self._call(ops.RECORD_EVENT, (r.event, r.stream)), r.stream)
 
     def _new_sync(self, node: Node, s: int) -> Node:

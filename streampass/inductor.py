@@ -296,14 +296,14 @@ def lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
     (True, False)
     >>> syncs = [n for n in gm.graph.nodes if n.target is SYNC]
     >>> [n.args[1] for n in syncs]
-    ['record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event']
+    ['record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event']
     >>> [n.name for n in gm.graph.nodes if n.meta.get(STREAM_KEY) == 1 and n.target is not SYNC]
     ['sin']
     >>> any("stream" in n.meta.get("custom", {}) for n in gm.graph.nodes)
     False
     >>> counted = RUNTIME_SYNCS.copy()
     >>> torch.equal(gm(x), f(x)), dict(RUNTIME_SYNCS - counted)  # the syncs ran, as no-ops
-    (True, {'record_event': 3, 'wait_event': 3})
+    (True, {'record_event': 4, 'wait_event': 4})
     """
     graph = gm.graph
     changed = False
@@ -377,14 +377,14 @@ def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
     >>> gm = make_fx(f)(torch.ones(4))
     >>> _ = sp.run(gm)
     >>> shared = {n.args[1].target for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS}
-    >>> len(shared)  # 3 records and 3 waits share two subgraphs
-    2
+    >>> len(shared)  # 4 records and 4 waits share three subgraphs
+    3
     >>> lower_for_gpu(gm)
     >>> syncs = [n for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS]
     >>> len({n.args[1].target for n in syncs}), all(n.args[0] for n in syncs)  # own copy each, deps non-empty
-    (6, True)
+    (8, True)
     >>> sorted(n.args[2] - EVENT_BASE for n in syncs)  # event indices, two uses each
-    [0, 0, 1, 1, 2, 2]
+    [0, 0, 1, 1, 2, 2, 3, 3]
     """
     install_object_fallback()
     graph = gm.graph

@@ -44,7 +44,7 @@ class RunResult:
         ...         y = x.sin()
         ...     return y + 1
         >>> sp.run(make_fx(f)(torch.ones(2)))
-        <RunResult ok: streams [0, 1]: 4 hazard(s) before, 0 after; added 3 record(s), 3 wait(s)>
+        <RunResult ok: streams [0, 1]: 4 hazard(s) before, 0 after; added 4 record(s), 4 wait(s)>
         """
         return f"<RunResult {'ok' if self.ok else 'NOT race-free'}: {self.summary()}>"
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from . import ops
-from .annotate import MAX_INDEX
+from .annotate import AMBIENT, MAX_INDEX
 from .errors import StreamPassError
 from .dag import vector_clocks
 from .hazards import CrossStreamValue, requirements
@@ -59,6 +59,7 @@ class PlannedWait:
     point: int
     record: PlannedRecord | None = None
     used: bool = False
+    free_point: bool = False  # defers the free of a value read on other streams (docs/plan.md §4)
 
     @property
     def name(self) -> str:
@@ -67,13 +68,15 @@ class PlannedWait:
 
 @dataclass(eq=False)
 class PlannedRecord:
-    """``record_event(event, stream)`` right after ``anchor`` (an input: at graph entry)."""
+    """``record_event(event, stream)`` right after ``anchor`` (an input: at graph entry), or,
+    with ``after``, right after that planned wait (a side stream's join after its free points)."""
 
     stream: int
     event: int
-    anchor: Node
+    anchor: Node | None
     existing: Node | None = None  # an existing record of the graph, reused
     node: Node | None = None  # the node apply() created
+    after: PlannedWait | None = None
 
 
 @dataclass
@@ -89,6 +92,8 @@ class SyncPlan:
         keepalive: gate -> values the gate must hold alive (deferred frees).
         first_event: the first event index new records use.
         exact: whether the search proved the wait count minimal (see module docs).
+        capture_joins: waits added only to join a side stream back after its free points
+            (the search's minimum does not count them; see ``_join_free_points``).
     """
 
     assignment: StreamAssignment
@@ -98,6 +103,7 @@ class SyncPlan:
     keepalive: dict = field(default_factory=lambda: defaultdict(list))
     first_event: int = 0
     exact: bool = True
+    capture_joins: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -292,6 +298,7 @@ class _Demand:
     on_gate: object  # callable(gate, value)
     slots: list[tuple[int, int]] = field(default_factory=list)  # (stream slot, position) per need
     at_exit: bool = False  # the output or a free point: nothing runs after it on its stream
+    free_point: bool = False
 
 
 class _Planner:
@@ -376,19 +383,21 @@ class _Planner:
         held = self._already_held(values)
         for node in self.a.nodes:
             if node.op == "output":
-                needs = by_consumer.get(node)
-                if needs:
-                    yield "demand", self._demand(
-                        self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
-                    )
+                # Free points first, then the exit joins: a side stream's free-point waits come
+                # before the ambient stream's last wait on it (capturable, docs/plan.md §5).
                 for cv in values:
                     if cv.value in held:
                         continue
                     # The value's stream waits for every reader before the value may be freed;
                     # the value rides on that wait, so it stays alive until the wait is issued.
                     readers = [(r, None) for rs in cv.readers.values() for r in rs]
+                    d = self._demand(cv.stream, readers, node, lambda g, _v, v=cv.value: plan.keepalive[g].append(v))
+                    d.free_point = True
+                    yield "demand", d
+                needs = by_consumer.get(node)
+                if needs:
                     yield "demand", self._demand(
-                        cv.stream, readers, node, lambda g, _v, v=cv.value: plan.keepalive[g].append(v)
+                        self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
                     )
                 return
             needs = by_consumer.get(node)
@@ -524,7 +533,7 @@ class _Planner:
             waits = []
             for a in combo:
                 point = points[a]
-                w = PlannedWait(self.streams[b], self.streams[a], item.before, point)
+                w = PlannedWait(self.streams[b], self.streams[a], item.before, point, free_point=item.free_point)
                 waits.append((w, clk.snap(a, point)))
             for w, snap in waits:  # all snapshots taken before any join: the waits are independent
                 self.plan.waits.append(w)
@@ -539,6 +548,7 @@ class _Planner:
         choices = self._search(events)
         self._walk(events, choices)
         self._place_records()
+        self._join_free_points()
         return self.plan
 
     def _find_reusable_records(self) -> None:
@@ -605,6 +615,39 @@ class _Planner:
             w.record = shared[key]
 
 
+    def _join_free_points(self) -> None:
+        """Join each side stream back into the ambient stream after its last free-point wait.
+
+        A free point (docs/plan.md §4) is a wait issued on a value's side stream at the graph's
+        end. Issued after the ambient stream's exit wait on that stream, it would leave the side
+        stream un-joined to a CUDA-graph capture. So the exit wait waits for a record right
+        after the free point instead (it knows more than the record it replaces), or, where the
+        output needed no wait on that stream, one is added: one wait per side stream with free
+        points, the least a capture needs. Free-point demands come before the output's in the
+        walk, so every exit wait follows the free points in the graph.
+        """
+        plan = self.plan
+        last_free: dict[int, PlannedWait] = {}
+        for w in plan.waits:
+            if w.free_point and w.stream != AMBIENT:
+                last_free[w.stream] = w
+        for s, free in last_free.items():
+            output = free.before
+            record = PlannedRecord(s, 0, None, after=free)
+            plan.records.append(record)
+            join = next((w for w in plan.waits if w.stream == AMBIENT and w.source == s and w.before is output and not w.free_point), None)
+            if join is None:
+                join = PlannedWait(AMBIENT, s, output, 0, used=True)
+                plan.waits.append(join)
+                plan.capture_joins += 1
+                plan.protect[join].append((output, None))
+            replaced, join.record = join.record, record
+            if replaced is not None and replaced.existing is None and all(w.record is not replaced for w in plan.waits):
+                plan.records.remove(replaced)
+        for i, r in enumerate(r for r in plan.records if r.existing is None):
+            r.event = plan.first_event + i
+
+
 def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan:
     """The records and waits that make the graph read into ``a`` race-free; edits nothing.
 
@@ -620,7 +663,11 @@ def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan
     ...     return x.cos() + y
     >>> plan = plan_syncs(sp.read_streams(make_fx(f)(torch.ones(2))))
     >>> [(w.source, w.stream, w.before.name) for w in plan.waits], plan.exact
-    ([(0, 1, 'sin'), (1, 0, 'add'), (0, 1, 'output')], True)
+    ([(0, 1, 'sin'), (1, 0, 'add'), (0, 1, 'output'), (1, 0, 'output')], True)
+
+    Stream 1 reads ``x`` after the ambient stream's record at entry, the add waits for
+    ``sin``, stream 1 waits for the add before ``sin`` may be freed, and the ambient stream
+    joins stream 1 after that (capturable).
     """
     plan = _Planner(a, dealloc).run(reqs)
     check_event_indices(a, plan.first_event, len(plan.records))

@@ -81,6 +81,11 @@ def _describe(req: Requirement, dag: StreamDAG) -> Hazard:
             f"output {val} is written by {b.name} on stream {sb} but the ambient stream never waits for it: "
             f"the caller can read it before it is ready"
         )
+    elif b in dag.assignment.syncs:
+        msg = (
+            f"stream {sb} issues {b.name} after its last join into the ambient stream: a CUDA-graph "
+            f"capture ends with stream {sb} un-joined"
+        )
     else:
         msg = (
             f"stream {sb} (last node {b.name}) is not joined into the ambient stream before return: "

@@ -12,6 +12,7 @@ from reorder import random_topological_copy
 
 import streampass as sp
 from streampass import ops
+from streampass.capture import unjoined
 from streampass.hazards import requirements
 from streampass.runtime import run_serial
 from streampass.synthetic import random_inputs, random_stream_graph
@@ -40,12 +41,14 @@ def test_run_is_race_free_under_any_order_and_equals_eager(gm, order_seed):
     expected = run_serial(original, *[x.clone() for x in inputs])
     result = sp.run(gm)
     assert result.ok, result.after
+    assert unjoined(gm) == []  # capturable: no side stream issues anything after its last join
     got = gm(*[x.clone() for x in inputs])
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     for k in range(25):
         shuffled = random_topological_copy(gm, order_seed * 31 + k)
         report = sp.verify(shuffled)
         assert report.ok, report
+        assert unjoined(shuffled) == []
     shuffled = random_topological_copy(gm, order_seed)
     with sp.runtime.bind(shuffled):
         got = shuffled(*[x.clone() for x in inputs])
@@ -160,6 +163,7 @@ def test_run_completes_a_partly_synchronized_graph(gm, drop):
     kept = sum(1 for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None and c.target is ops.WAIT_EVENT)
     result = sp.run(gm)
     assert result.ok, result.after
+    assert unjoined(gm) == []
     waits = sum(1 for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None and c.target is ops.WAIT_EVENT)
     assert waits == kept + result.waits_added
     got = gm(*[x.clone() for x in inputs])

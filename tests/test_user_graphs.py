@@ -13,6 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import streampass as sp
 from streampass import ops, runtime
 from streampass.annotate import MAX_INDEX
+from streampass.plan import EVENT_BASE
 
 aten = torch.ops.aten
 
@@ -243,3 +244,76 @@ def test_hazards_name_kernels_not_views():
     assert not involved & {"t", "detach"}, report
     # the kernel that reads w through the view is the one that must wait for it
     assert any(h.kind == "entry" and h.nodes == ("w_1", "mm") for h in report.hazards)
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA-graph capture (issue 12, item 9): nothing on a side stream after its last join
+# --------------------------------------------------------------------------------------------
+def _traced_models():
+    from functorch.compile import aot_function, make_boxed_func
+
+    from streampass.commands import trace_demo
+    from streampass.compat import cpu_safe_aot
+
+    demo, _ = trace_demo(batch=4, dim=8)
+    yield "demo", demo
+    yield "module", make_fx(WithBuffer())(torch.randn(2, 4))
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    def block(x, w1, w2):
+        with sp.stream(1):
+            a = torch.tanh(x @ w1)
+        with sp.stream(2):
+            b = torch.sigmoid(x @ w2)
+        return (a * b).sum()
+
+    with cpu_safe_aot():
+        aot_function(block, fw_compiler=keep, bw_compiler=keep)(*[torch.randn(4, 4, requires_grad=True) for _ in range(3)]).backward()
+    yield "training forward", graphs[0]
+    yield "training backward", graphs[1]
+
+
+def test_every_traced_model_run_returns_is_capturable():
+    from streampass.capture import unjoined
+
+    seen = 0
+    for name, gm in _traced_models():
+        assert unjoined(gm), f"{name}: a side stream is un-joined before the run"
+        result = sp.run(gm)
+        assert result.ok, (name, result.after)
+        assert unjoined(gm) == [], name
+        # the free points are still there (memory safety) and come before the last joins
+        keep = [n for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None and c.wrapper is not None and len(c.wrapper.args) > 2 + len(c.args)]
+        assert keep, f"{name}: no wait holds a value alive"
+        assert not sp.run(gm).changed, name
+        seen += 1
+    assert seen == 4
+
+
+def test_a_side_stream_wait_left_last_by_the_user_is_joined():
+    """A graph handed over with a wait as a side stream's last op: verify names it (a capture
+    would end with the stream un-joined) and run adds the join."""
+    from streampass.capture import unjoined
+
+    def f(x):
+        with sp.stream(1):
+            y = x.sin()
+        return y + 1
+
+    gm = make_fx(f)(torch.ones(3))
+    sp.run(gm)
+    g = gm.graph
+    out = next(n for n in g.nodes if n.op == "output")
+    with g.inserting_before(out):
+        late = g.call_function(ops.WAIT_EVENT, (EVENT_BASE + 99, 1))
+        late.meta["custom"] = {"stream": 1}
+    gm.recompile()
+    assert unjoined(gm, external_events=[EVENT_BASE + 99]) == [late.name]
+    report = sp.verify(gm, external_events=[EVENT_BASE + 99])
+    assert [h.kind for h in report.hazards] == ["exit"] and "CUDA-graph capture" in report.hazards[0].message
+    result = sp.run(gm, external_events=[EVENT_BASE + 99])
+    assert result.ok and result.waits_added == 1 and unjoined(gm, external_events=[EVENT_BASE + 99]) == []
