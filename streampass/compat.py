@@ -2,11 +2,11 @@
 
 * :data:`PassBase`, :func:`post_grad_config`: inductor takes a list of post-grad custom passes,
   and calls ``CustomInferenceAwareGraphPass`` ones with ``is_inference``, from torch 2.13 on;
-  torch 2.11 takes one pass and calls it with the graph alone.
+  torch 2.11 and 2.12 take one pass and call it with the graph alone.
 * :func:`registered_object`: dynamo's object table is a dict up to 2.14 and a list from 2.15.
 * ``streampass.ops``, :data:`STREAM_METHODS_ARE_OPS`: torch 2.11 has no ``synchronize_*`` stream
   ops, and its dynamo does not turn ``Stream.synchronize`` / ``wait_stream`` into stream ops.
-* :func:`graph_kind`: torch 2.11 does not tell a post-grad pass whether a graph is inference.
+* :func:`graph_kind`: torch 2.11 and 2.12 do not tell a post-grad pass whether a graph is inference.
 * ``control_deps`` (inductor's ordering wrapper, which streampass puts syncs in): torch 2.11
   can neither call it eagerly nor keeps it through dead-code elimination; both are given here.
 * :func:`cpu_safe_aot`: torch's AOT stream pass crashes on CPU training graphs (below).
@@ -22,7 +22,7 @@ whose tensors are all on the CPU while the block runs. It swaps a module attribu
 duration of the block (no torch file is edited) and checks the attribute still exists, so a
 torch that renames it fails loudly rather than silently.
 
-Checked on torch 2.13.0.
+Checked on torch 2.11.0, 2.12.0, 2.13.0, 2.14.1 and 2.15.0 (tests/test_compat.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch._dynamo.variables.streams  # noqa: F401  (registers torch.ops.strea
 from torch._inductor import custom_graph_pass as _cgp
 
 #: whether dynamo traces ``Stream.synchronize`` / ``Stream.wait_stream`` to stream ops (torch >=
-#: 2.13). torch 2.11 records them as method calls that AOT autograd runs while tracing, so no
+#: 2.12). torch 2.11 records them as method calls that AOT autograd runs while tracing, so no
 #: post-grad pass sees them (and on CPU, ``wait_stream`` fails in torch itself).
 STREAM_METHODS_ARE_OPS = hasattr(torch.ops.streams, "synchronize_stream")
 #: whether inductor takes a list of post-grad custom passes (torch >= 2.13)
@@ -124,7 +124,7 @@ _control_deps_survives_dce()
 def graph_kind(graph: torch.fx.Graph, is_inference: bool | None) -> str:
     """"inference", "forward" or "backward": which graph of a compile inductor hands a post-grad
     pass. torch >= 2.13 says whether it is an inference graph (``is_inference``); torch 2.11
-    does not (None), and AOT autograd's placeholder names tell: ``primals_*`` for a training
+    and 2.12 do not (None), and AOT autograd's placeholder names tell: ``primals_*`` for a training
     forward, ``tangents_*`` in a backward, ``arg*`` in an inference graph.
 
     >>> g = torch.fx.Graph(); _ = g.placeholder("primals_1")

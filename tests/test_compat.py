@@ -44,8 +44,8 @@ def _sin_on_side_stream(x):
 
 
 def test_post_grad_passes_list_or_chain_and_graph_kind():
-    """torch >= 2.13 takes a list of post-grad passes and tells them ``is_inference``; 2.11
-    takes one pass and calls it with the graph alone. Either way each pass runs once per graph,
+    """torch >= 2.13 takes a list of post-grad passes and tells them ``is_inference``; 2.11 and
+    2.12 take one pass and call it with the graph alone. Either way each pass runs once per graph,
     and StreamPass names forward and backward right."""
     assert compat.POST_GRAD_TAKES_LISTS == (TORCH >= (2, 13))
     keep, p = _Keep(), spi.StreamPass()
@@ -73,12 +73,12 @@ def test_object_table_is_read_as_dict_or_list():
         table.reset_user_object_tracking()
 
 
-def test_synchronize_ops_exist_from_2_13():
+def test_synchronize_ops_exist_from_2_12():
     """torch 2.11 has no ``synchronize_*`` stream ops; streampass's stand-ins are never a target."""
     for target in (ops.SYNC_STREAM, ops.SYNC_EVENT, ops.SYNC_DEVICE):
-        assert ops.exists(target) == (TORCH >= (2, 13))
+        assert ops.exists(target) == (TORCH >= (2, 12))
         assert (target in ops.SYNC_TARGETS) == ops.exists(target)
-    assert compat.STREAM_METHODS_ARE_OPS == (TORCH >= (2, 13))
+    assert compat.STREAM_METHODS_ARE_OPS == (TORCH >= (2, 12))
 
 
 def _synchronize_program(x):
@@ -88,8 +88,8 @@ def _synchronize_program(x):
     return y * 2
 
 
-def test_stream_methods_reach_post_grad_passes_from_2_13():
-    """``Stream.synchronize()`` reaches a post-grad pass as a stream op on torch >= 2.13; on
+def test_stream_methods_reach_post_grad_passes_from_2_12():
+    """``Stream.synchronize()`` reaches a post-grad pass as a stream op on torch >= 2.12; on
     2.11 dynamo records a method call that AOT autograd runs while tracing, so no pass sees it.
     The program's result is the same either way."""
     keep = _Keep()

@@ -169,7 +169,11 @@ _MEASURE = """<script>
 window.addEventListener("load", () => {
   const boxes = [...document.querySelectorAll(".sp-svg")].map(b => {
     const svg = b.querySelector("svg"); const r = svg.getBoundingClientRect();
-    return {scroll: b.scrollWidth, client: b.clientWidth, svg: r.width};
+    // the lanes as drawn, top to bottom: each cluster's title and the top of its box on screen
+    const lanes = [...svg.querySelectorAll("g.cluster")].map(c => ({
+      name: c.querySelector("title").textContent, top: c.getBoundingClientRect().top}))
+      .sort((a, b) => a.top - b.top).map(l => l.name);
+    return {scroll: b.scrollWidth, client: b.clientWidth, svg: r.width, lanes};
   });
   document.body.setAttribute("data-layout", JSON.stringify({page: document.documentElement.scrollWidth,
     window: window.innerWidth, boxes}));
@@ -223,6 +227,9 @@ def test_report_layout_at_1400px(tmp_path):
     assert len(layout["boxes"]) == 3  # two drawings and the schedule
     for box in layout["boxes"]:
         assert box["scroll"] <= box["client"] + 1 and box["svg"] <= box["client"] + 1, layout
+    # lanes top to bottom in stream order, the ambient stream first (dot alone drew 2, 0, 1)
+    drawings = [box["lanes"] for box in layout["boxes"] if box["lanes"]]
+    assert drawings == [["cluster_stream_0", "cluster_stream_1", "cluster_stream_2"]] * 2, drawings
 
 
 def test_cli_module_runs_without_html():

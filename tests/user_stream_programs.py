@@ -2116,7 +2116,7 @@ PROGRAMS: list[Program] = [
         training=False,
         raises=RuntimeError,
         match='An event was recorded on a stream',
-        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
+        since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2133,7 +2133,7 @@ PROGRAMS: list[Program] = [
         training=False,
         raises=RuntimeError,
         match='An event was recorded on a stream',
-        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
+        since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2150,7 +2150,7 @@ PROGRAMS: list[Program] = [
         training=False,
         raises=RuntimeError,
         match='An event was recorded on a stream',
-        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
+        since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2168,7 +2168,7 @@ PROGRAMS: list[Program] = [
         training=False,
         raises=RuntimeError,
         match='An event was recorded on a stream',
-        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
+        since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2185,7 +2185,7 @@ PROGRAMS: list[Program] = [
         training=False,
         raises=RuntimeError,
         match='An event was recorded on a stream',
-        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
+        since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
@@ -2227,7 +2227,7 @@ PROGRAMS: list[Program] = [
         training=False,
         raises=RuntimeError,
         match='An event was recorded on a stream',
-        since=(2, 13),  # torch 2.11 has no check for an event recorded after an input mutation
+        since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
             "(InternalTorchDynamoError): An event was recorded on a stream where a graph input "
