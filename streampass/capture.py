@@ -7,7 +7,7 @@ side stream issues (a kernel, a record, a wait) must happen before the ambient s
 the graph's own syncs.
 
 :func:`unjoined` lists the ops that are not. ``streampass.run`` returns graphs for which the
-list is empty (docs/plan.md §5): its deferred-free waits on side streams are followed by one
+list is empty (docs/plan.md §6): its deferred-free waits on side streams are followed by one
 join per stream into the ambient stream.
 """
 
@@ -56,9 +56,8 @@ def unjoined(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable
 
 
 def _issues(a, n: torch.fx.Node) -> bool:
-    """A node that puts something on its stream: a kernel, or a stream op other than the
-    fork/join switches (which only change the current stream on the host)."""
+    """A node that puts something on its stream: a kernel, or a record or wait."""
     call = a.syncs.get(n)
     if call is not None:
-        return call.target not in (ops.FORK, ops.JOIN)
+        return call.target not in ops.HOST_SIDE_OPS
     return a.is_compute(n)

@@ -112,11 +112,6 @@ def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
     return out
 
 
-#: stream ops that put nothing on their stream: fork/join switch the host's current stream,
-#: record_stream tells the allocator
-_HOST_SIDE = frozenset({ops.FORK, ops.JOIN, ops.RECORD_STREAM})
-
-
 def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStreamValue]]:
     """Every cross-stream ordering the graph needs, and every value read across streams.
 
@@ -155,7 +150,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
     for node in a.nodes:
         if node not in compute:
             call = a.syncs.get(node)
-            if call is not None and call.target not in _HOST_SIDE:
+            if call is not None and call.target not in ops.HOST_SIDE_OPS:
                 # a record or wait on a side stream must be joined at exit too: a CUDA-graph
                 # capture fails on a stream that issues work after its last join
                 last_on[s_of[node]] = node

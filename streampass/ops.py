@@ -67,6 +67,10 @@ SYNC_TARGETS = frozenset(
     if not isinstance(t, _Absent)
 )
 STREAM_OPS = SYNC_TARGETS | {FORK, JOIN}
+#: stream ops that put nothing on their stream: fork/join switch the host's current stream,
+#: synchronize_* block the host, record_stream tells the allocator (so a CUDA-graph capture
+#: need not join them back)
+HOST_SIDE_OPS = frozenset({FORK, JOIN, RECORD_STREAM, SYNC_EVENT, SYNC_STREAM, SYNC_DEVICE})
 # dynamo's own graphs (before AOT autograd) call the packets, ``torch.ops.streams.record_event``.
 _PACKET_DEFAULT = {id(t.overloadpacket): t for t in STREAM_OPS}
 # OpOverload.__hash__ is Python code; graph-wide scans test membership by id instead. The ops

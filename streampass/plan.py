@@ -370,9 +370,9 @@ class _Planner:
                     out.append((combo, joined))
         return out
 
-    def _demand(self, stream: int, needs, before: Node, on_gate) -> _Demand:
+    def _demand(self, stream: int, needs, before: Node, on_gate, free_point: bool = False) -> _Demand:
         slots = [(self.slot[self.a.stream[n]], self.pos[n]) for n, _ in needs]
-        return _Demand(self.slot[stream], needs, before, on_gate, slots, at_exit=before.op == "output")
+        return _Demand(self.slot[stream], needs, before, on_gate, slots, at_exit=before.op == "output", free_point=free_point)
 
     def _events(self, reqs, values: list[CrossStreamValue]):
         """The walk: ("issue", node) and ("demand", _Demand) in issue order."""
@@ -384,16 +384,16 @@ class _Planner:
         for node in self.a.nodes:
             if node.op == "output":
                 # Free points first, then the exit joins: a side stream's free-point waits come
-                # before the ambient stream's last wait on it (capturable, docs/plan.md §5).
+                # before the ambient stream's last wait on it (capturable, docs/plan.md §6).
                 for cv in values:
                     if cv.value in held:
                         continue
                     # The value's stream waits for every reader before the value may be freed;
                     # the value rides on that wait, so it stays alive until the wait is issued.
                     readers = [(r, None) for rs in cv.readers.values() for r in rs]
-                    d = self._demand(cv.stream, readers, node, lambda g, _v, v=cv.value: plan.keepalive[g].append(v))
-                    d.free_point = True
-                    yield "demand", d
+                    yield "demand", self._demand(
+                        cv.stream, readers, node, lambda g, _v, v=cv.value: plan.keepalive[g].append(v), free_point=True
+                    )
                 needs = by_consumer.get(node)
                 if needs:
                     yield "demand", self._demand(
@@ -613,7 +613,6 @@ class _Planner:
                     shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), self.node_at[key])
                     plan.records.append(shared[key])
             w.record = shared[key]
-
 
     def _join_free_points(self) -> None:
         """Join each side stream back into the ambient stream after its last free-point wait.
