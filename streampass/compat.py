@@ -3,7 +3,8 @@
 * :data:`PassBase`, :func:`post_grad_config`: inductor takes a list of post-grad custom passes,
   and calls ``CustomInferenceAwareGraphPass`` ones with ``is_inference``, from torch 2.13 on;
   torch 2.11 and 2.12 take one pass and call it with the graph alone.
-* :func:`registered_object`: dynamo's object table is a dict up to 2.14 and a list from 2.15.
+* :func:`registered_object`: dynamo's object table is a dict up to 2.14 and a list from 2.15;
+  ``_object_table_stays_one_list`` keeps 2.15's list one object (its AOT backward reads a stale one).
 * ``streampass.ops``, :data:`STREAM_METHODS_ARE_OPS`: torch 2.11 has no ``synchronize_*`` stream
   ops, and its dynamo does not turn ``Stream.synchronize`` / ``wait_stream`` into stream ops.
 * :func:`graph_kind`: torch 2.11 and 2.12 do not tell a post-grad pass whether a graph is inference.
@@ -119,6 +120,41 @@ def _control_deps_survives_dce() -> None:
 
 
 _control_deps_survives_dce()
+
+
+def _object_table_stays_one_list() -> None:
+    """torch 2.15's ``store_user_object_weakrefs`` (dynamo's per-call prologue) rebinds the object
+    table to a new list, but AOT autograd's runtime wrappers imported the list by name and
+    snapshot *that* one for the backward (``_snapshot_external_objects``). After a few compiles
+    in one process, a backward restores stale entries past the end of the live table
+    ("AssertionError: Index past the end of index_to_user_object_weakref"). Refill the one list
+    in place instead, so every name for it sees the same entries. Up to 2.14 the table is a
+    dict, refilled in place: nothing to do."""
+    import weakref
+
+    from torch._dynamo import graph_bytecode_inputs as table
+
+    try:
+        from torch._functorch._aot_autograd import runtime_wrappers
+    except ImportError:  # pragma: no cover  (a torch without the module has nothing to fix)
+        return
+    if not isinstance(table.index_to_external_object_weakref, list):
+        return
+    if not hasattr(runtime_wrappers, "index_to_external_object_weakref"):
+        return
+    if getattr(table.store_user_object_weakrefs, "__streampass__", False):
+        return
+    runtime_wrappers.index_to_external_object_weakref = table.index_to_external_object_weakref
+
+    def store_user_object_weakrefs(*args: object) -> None:
+        table.index_to_external_object_weakref[:] = [weakref.ref(a) for a in args]
+
+    store_user_object_weakrefs.__streampass__ = True
+    store_user_object_weakrefs.__wrapped__ = table.store_user_object_weakrefs
+    table.store_user_object_weakrefs = store_user_object_weakrefs
+
+
+_object_table_stays_one_list()
 
 
 def graph_kind(graph: torch.fx.Graph, is_inference: bool | None) -> str:

@@ -73,6 +73,25 @@ def test_object_table_is_read_as_dict_or_list():
         table.reset_user_object_tracking()
 
 
+def test_aot_backward_reads_the_live_object_table():
+    """torch 2.15 rebinds the table to a new list on every compiled call, while AOT autograd's
+    backward snapshots the list it imported by name: compat keeps them one list (without it,
+    tests/test_compile_use.py run alone on 2.15 failed three training cases with "Index past
+    the end of index_to_user_object_weakref")."""
+    from torch._dynamo import graph_bytecode_inputs as table
+    from torch._functorch._aot_autograd import runtime_wrappers
+
+    s, e = torch.Stream("cpu"), torch.Event("cpu")
+    table.store_user_object_weakrefs(s, e)  # what dynamo's prologue does on each call
+    try:
+        live = table.index_to_external_object_weakref
+        assert [r() for r in (live.values() if isinstance(live, dict) else live)] == [s, e]
+        if hasattr(runtime_wrappers, "index_to_external_object_weakref"):  # 2.15 on
+            assert runtime_wrappers.index_to_external_object_weakref is live
+    finally:
+        table.reset_user_object_tracking()
+
+
 def test_synchronize_ops_exist_from_2_12():
     """torch 2.11 has no ``synchronize_*`` stream ops; streampass's stand-ins are never a target."""
     for target in (ops.SYNC_STREAM, ops.SYNC_EVENT, ops.SYNC_DEVICE):
