@@ -25,6 +25,7 @@ import operator
 import re
 import shutil
 import subprocess
+import tempfile
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -814,12 +815,15 @@ def _lanes_in_stream_order(g, fmt: str) -> bytes:
 
     dot's crossing minimisation puts clusters in whatever vertical order has fewest crossings
     (stream 2, 0, 1 for the demo), and no attribute pins it: ``rank=same`` anchors and a small
-    ``mclimit`` held on 2 or 3 of 24 random graphs. So dot lays the graph out once (``-Tjson``),
-    each lane moves as a whole, its inside untouched, into the stack the stream order gives, and
-    ``neato -n2`` draws the graph at those positions, routing the edges again. A layout already
-    in order is drawn by dot directly.
+    ``mclimit`` held on 2 or 3 of 24 random graphs. So one dot run writes both its layout
+    (``-Tjson``) and its picture; a layout already in order is that picture. Otherwise each lane
+    moves as a whole, its inside untouched, into the stack the stream order gives, and
+    ``neato -n2`` draws the graph at those positions (edges as below).
     """
-    layout = json.loads(_run_dot(g.to_string(), "json"))
+    with tempfile.TemporaryDirectory() as tmp:  # one dot run: the layout to a file, the picture out
+        laid_out = Path(tmp) / "layout.json"
+        picture = _run_dot(g.to_string(), fmt, ("dot", "-Tjson", "-o", str(laid_out)))
+        layout = json.loads(laid_out.read_text())
     objects = layout.get("objects", [])
     lanes = [o for o in objects if str(o.get("name", "")).startswith("cluster_stream_") and "bb" in o]
 
@@ -828,7 +832,7 @@ def _lanes_in_stream_order(g, fmt: str) -> bytes:
 
     ordered = sorted(lanes, key=lambda o: int(o["name"].rsplit("_", 1)[1]))
     if [o["name"] for o in sorted(lanes, key=lambda o: -box(o)[3])] == [o["name"] for o in ordered]:
-        return _run_dot(g.to_string(), fmt)
+        return picture
     top = max(box(o)[3] for o in lanes)
     shift: dict[str, float] = {}
     for o in ordered:
