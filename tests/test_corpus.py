@@ -12,9 +12,16 @@ range``) before any pass runs. The CUDA current stream is therefore translated t
 that the harness enters around every program, inside the compiled function (eagerly: a
 :class:`~user_stream_programs.CpuStream`). streampass reads it as a side stream like the
 program's own (dynamo gives it index 0; see :mod:`streampass.dynamo_indices`).
+
+With ``STREAMPASS_CORPUS_DEVICE=cuda`` (what tests/test_cuda_corpus.py sets) the same programs
+run on CUDA: streams, events and inputs on the GPU, no stand-ins, the real current stream, and
+the syncs that ran counted by the profiler (``cudaStreamWaitEvent`` calls) instead of the CPU
+lowering's counter.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -26,15 +33,18 @@ import streampass as sp
 import streampass.inductor as spi
 
 from reference import planned_syncs
-from user_stream_programs import PROGRAMS, CpuStream, Program
+from user_stream_programs import DEVICE, ON_CPU, PROGRAMS, CpuStream, Program
 
-CURRENT = CpuStream("cpu")  # the CPU stand-in for CUDA's current stream (module doc)
+CURRENT = CpuStream("cpu") if ON_CPU else None  # the CPU stand-in for CUDA's current stream (module doc)
 
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 
 
 def _in_current_stream(fn):
+    if not ON_CPU:
+        return fn
+
     def program(*args):
         with CURRENT:
             return fn(*args)
@@ -46,9 +56,20 @@ def _target(p: Program):
     """What to compile and what to call eagerly: fresh each time (modules carry state)."""
     if p.kind == "module":
         torch.manual_seed(0)
-        module = p.fn()
+        module = p.fn().to(DEVICE)
         return module, _in_current_stream(module)
     return p.fn, _in_current_stream(p.fn)
+
+
+def _inputs(p: Program):
+    """Fresh inputs on the corpus device (the programs make them on CPU); leaves stay leaves."""
+    if ON_CPU:
+        return p.inputs()
+
+    def move(t):
+        return t.detach().to(DEVICE).requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+
+    return pytree.tree_map(move, p.inputs())
 
 
 def _tensors(out):
@@ -68,6 +89,28 @@ def _grads(inputs, owner):
     return grads
 
 
+#: the CUDA runtime calls a planned sync becomes (record, wait, host synchronize)
+CUDA_SYNC_CALLS = ("cudaEventRecord", "cudaStreamWaitEvent", "cudaEventSynchronize", "cudaStreamSynchronize")
+
+
+@contextlib.contextmanager
+def _counting_syncs():
+    """Yields a list that holds, after the block, how many syncs the compiled code ran in it:
+    the CPU lowering's counter, or on CUDA the profiler's count of the runtime calls."""
+    ran: list[int] = []
+    if ON_CPU:
+        before = sum(spi.RUNTIME_SYNCS.values())
+        yield ran
+        ran.append(sum(spi.RUNTIME_SYNCS.values()) - before)
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield ran
+        torch.cuda.synchronize()
+    ran.append(sum(1 for e in prof.events() if any(e.name.startswith(c) for c in CUDA_SYNC_CALLS)))
+
+
 TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
 #: the programs this torch runs as upstream expects, and those only a newer one does (Program.since)
 HERE = [p for p in PROGRAMS if TORCH >= p.since]
@@ -81,20 +124,21 @@ def test_upstream_program(p: Program):
     passes = spi.StreamPass(keep_graphs=True)
     if p.raises is not None:
         with pytest.raises(p.raises, match=p.match or None), spi.enabled(passes):
-            compiled(*p.inputs())
+            compiled(*_inputs(p))
         return
 
     owner_e, eager_fn = _target(p)
-    inputs_e = p.inputs()
+    inputs_e = _inputs(p)
     want = eager_fn(*inputs_e)
-    inputs_c = p.inputs()
-    before = sum(spi.RUNTIME_SYNCS.values())
-    with spi.enabled(passes):
-        got = compiled(*inputs_c)
-    if p.training:  # the backward compiles here, after the block, as in a training loop
-        _backward(got)
+    inputs_c = _inputs(p)
+    with _counting_syncs() as counted:
+        with spi.enabled(passes):
+            got = compiled(*inputs_c)
+        if p.training:  # the backward compiles here, after the block, as in a training loop
+            _backward(got)
+    if p.training:
         _backward(want)
-    ran = sum(spi.RUNTIME_SYNCS.values()) - before
+    (ran,) = counted
 
     torch.testing.assert_close(_tensors(got), _tensors(want))
     torch.testing.assert_close(_tensors(inputs_c), _tensors(inputs_e))  # in-place updates too
@@ -117,7 +161,7 @@ def _upstream_expectation_holds(p: Program) -> bool:
     _, fn = _target(p)
     torch._dynamo.reset()
     try:
-        out = torch.compile(fn, fullgraph=p.fullgraph)(*p.inputs())
+        out = torch.compile(fn, fullgraph=p.fullgraph)(*_inputs(p))
         if p.training:
             _backward(out)
     except Exception as e:  # noqa: BLE001  (any failure is "not as upstream expects")

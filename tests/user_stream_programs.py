@@ -7,6 +7,8 @@ Every entry re-expresses, in our own code, one upstream test's compiled program 
 
 with the same sequence of stream switches, syncs and ops, translated to CPU. Nothing here
 uses streampass; there is no pytest code. ``PROGRAMS`` is the list a harness iterates.
+With ``STREAMPASS_CORPUS_DEVICE=cuda`` in the environment the same programs use CUDA streams and
+events, and every stand-in below is torch's own object or call (:data:`DEVICE`).
 
 Skipped upstream tests (no user program is compiled, or the body is empty)
 -------------------------------------------------------------------------
@@ -79,6 +81,7 @@ CPU translation (what works on CPU in torch 2.13.0, checked eagerly)
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -103,68 +106,84 @@ class Program:
 # --------------------------------------------------------------------------------------------
 # CPU stand-ins (see the module docstring)
 # --------------------------------------------------------------------------------------------
-class CpuEvent(torch.Event):
-    """A torch.Event whose record() is a no-op: CPU events cannot be recorded, and CPU work is
-    already ordered, so waiting on / synchronizing this event is correct as a no-op too."""
+#: where the programs' streams and events live: "cpu" (the stand-ins below), or "cuda", set by
+#: ``STREAMPASS_CORPUS_DEVICE=cuda`` (tests/test_cuda_corpus.py), where every stand-in is the real
+#: thing: torch's own Event/Stream, recorded and waited on eagerly too, as upstream runs them.
+DEVICE = os.environ.get("STREAMPASS_CORPUS_DEVICE", "cpu")
+ON_CPU = DEVICE == "cpu"
 
-    def record(self, stream=None) -> None:
-        return None
+if ON_CPU:
 
+    class CpuEvent(torch.Event):
+        """A torch.Event whose record() is a no-op: CPU events cannot be recorded, and CPU work is
+        already ordered, so waiting on / synchronizing this event is correct as a no-op too."""
 
-class CpuStream(torch.Stream):
-    """A torch.Stream whose wait_stream()/record_event() do not record a CPU event (which raises)."""
+        def record(self, stream=None) -> None:
+            return None
 
-    def wait_stream(self, stream) -> None:
-        return None
+    class CpuStream(torch.Stream):
+        """A torch.Stream whose wait_stream()/record_event() do not record a CPU event (which raises)."""
 
-    def record_event(self, event=None):
-        if event is None:
-            event = CpuEvent(self.device)
-        event.record(self)
-        return event
+        def wait_stream(self, stream) -> None:
+            return None
+
+        def record_event(self, event=None):
+            if event is None:
+                event = CpuEvent(self.device)
+            event.record(self)
+            return event
+
+else:  # torch's Stream.record_event refuses Event subclasses: no stand-in at all
+    CpuEvent = torch.Event
+    CpuStream = torch.Stream
 
 
 # The device is always named: on a CUDA build of torch without a GPU, ``torch.Stream()`` means a
 # CUDA stream ("Backend doesn't support create a new Stream").
-_DEVICE = ("cpu",)
+_DEVICE = (DEVICE,)
+
+
+def _real() -> bool:
+    """Whether to call torch's own API: always on CUDA, and on CPU while dynamo traces."""
+    return not ON_CPU or torch.compiler.is_compiling()
 
 
 def make_event(*args, **kwargs):
-    """``torch.Event(*args, **kwargs)`` when compiling, else a CpuEvent."""
-    if torch.compiler.is_compiling():
+    """``torch.Event(*args, **kwargs)`` when compiling or on CUDA, else a CpuEvent."""
+    if _real():
         return torch.Event(*(args or _DEVICE), **kwargs)
     return CpuEvent(*(args or _DEVICE), **kwargs)
 
 
 def record_event(stream):
-    """``stream.record_event()``, as ``torch.Event('cpu')`` + ``record(stream)`` when compiling: dynamo
+    """``stream.record_event()``, as ``torch.Event(DEVICE)`` + ``record(stream)`` when compiling: dynamo
     runs ``Stream.record_event`` on the real stream while tracing, which raises on CPU ("cpu
     backend doesn't support events"); the two-step form traces to the same record_event op.
-    Eagerly a CpuEvent (recording is a no-op on CPU)."""
-    if torch.compiler.is_compiling():
-        e = torch.Event("cpu")
+    Eagerly on CPU a CpuEvent (recording is a no-op on CPU)."""
+    if _real():
+        e = torch.Event(DEVICE)
         e.record(stream)
         return e
     return CpuEvent()
 
 
 def make_stream(*args, **kwargs):
-    """``torch.Stream(*args, **kwargs)`` when compiling, else a CpuStream."""
-    if torch.compiler.is_compiling():
+    """``torch.Stream(*args, **kwargs)`` when compiling or on CUDA, else a CpuStream."""
+    if _real():
         return torch.Stream(*(args or _DEVICE), **kwargs)
     return CpuStream(*(args or _DEVICE), **kwargs)
 
 
 def current_stream():
-    """``torch.accelerator.current_stream()`` when compiling; eagerly the CPU stream."""
-    if torch.compiler.is_compiling():
+    """``torch.accelerator.current_stream()`` when compiling or on CUDA; eagerly the CPU stream."""
+    if _real():
         return torch.accelerator.current_stream()
     return torch.Stream("cpu")
 
 
 def record_stream(tensor: torch.Tensor, stream) -> None:
-    """``tensor.record_stream(stream)`` when compiling; eagerly nothing (no CPU kernel)."""
-    if torch.compiler.is_compiling():
+    """``tensor.record_stream(stream)`` when compiling or on CUDA; eagerly on CPU nothing (no kernel)."""
+    if _real():
         tensor.record_stream(stream)
 
 
@@ -205,8 +224,8 @@ def stream_enter_exit(x, y, s1, s2):
 
 
 def stream_context_graph_break(x, y):
-    s2 = torch.Stream("cpu")
-    s1 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
+    s1 = torch.Stream(DEVICE)
     with s1:
         z1 = torch.add(x, y)
     with s2:
@@ -225,7 +244,7 @@ def stream_input(x, y, s):
 
 
 def local_stream_return(x, y):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     z = torch.add(x, y)
     y = z + 2
     return y, s
@@ -259,8 +278,8 @@ def nested_stream_enter_exit(x, y, s0, s1, s2):
 
 
 def local_stream_enter_exit(x, y):
-    s2 = torch.Stream("cpu")
-    s1 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
+    s1 = torch.Stream(DEVICE)
     with s1:
         z1 = torch.add(x, y)
     with s2:
@@ -271,9 +290,9 @@ def local_stream_enter_exit(x, y):
 
 
 def local_stream_nested_enter_exit(x, y):
-    s2 = torch.Stream("cpu")
-    s1 = torch.Stream("cpu")
-    s0 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
+    s1 = torch.Stream(DEVICE)
+    s0 = torch.Stream(DEVICE)
     with s1:
         with s2:
             z1 = torch.add(x, y)
@@ -286,9 +305,9 @@ def local_stream_nested_enter_exit(x, y):
 
 
 def stream_with_mutation(x, y):
-    s2 = torch.Stream("cpu")
-    s1 = torch.Stream("cpu")
-    s0 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
+    s1 = torch.Stream(DEVICE)
+    s0 = torch.Stream(DEVICE)
     with s1:
         with s2:
             x.add_(y)
@@ -302,8 +321,8 @@ def stream_with_mutation(x, y):
 
 
 def stream_backward_simple(x, y):
-    s2 = torch.Stream("cpu")
-    s0 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
+    s0 = torch.Stream(DEVICE)
     with s0:
         y0 = 2 * x + y
     with s2:
@@ -313,8 +332,8 @@ def stream_backward_simple(x, y):
 
 
 def stream_backward_sync(x, y):
-    s2 = torch.Stream("cpu")
-    s0 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
+    s0 = torch.Stream(DEVICE)
     with s0:
         y0 = 2 * x + y
     with s2:
@@ -332,12 +351,12 @@ def event_tracing(x):
 
 def record_stream_problem_basic(x):
     e = make_event()
-    with torch.Stream(device="cpu"):
-        y = torch.ones(4, 4, device="cpu")
+    with torch.Stream(device=DEVICE):
+        y = torch.ones(4, 4, device=DEVICE)
         e.record()
         z = y * x
 
-    with torch.Stream(device="cpu"):
+    with torch.Stream(device=DEVICE):
         e.wait()
         z0 = y * 2 * x
 
@@ -346,22 +365,22 @@ def record_stream_problem_basic(x):
 
 def record_stream_problem_interleaved(x):
     e = make_event()
-    with torch.Stream(device="cpu"):
-        y = torch.ones(4, 4, device="cpu")
+    with torch.Stream(device=DEVICE):
+        y = torch.ones(4, 4, device=DEVICE)
         z = y * x
         e.record()
 
-    with torch.Stream(device="cpu"):
+    with torch.Stream(device=DEVICE):
         e.wait()
         z0 = y * 2 * z
         e.record()
 
-    with torch.Stream(device="cpu"):
+    with torch.Stream(device=DEVICE):
         e.wait()
         z1 = y * x * z0
         e.record()
 
-    with torch.Stream(device="cpu"):
+    with torch.Stream(device=DEVICE):
         e.wait()
         z2 = y * 4 * z1
         e.record()
@@ -371,7 +390,7 @@ def record_stream_problem_interleaved(x):
 
 
 def epilogue_copy_streams_inference(x):
-    with torch.Stream(device="cpu"):
+    with torch.Stream(device=DEVICE):
         with torch.no_grad():
             x.add_(2)
 
@@ -379,14 +398,14 @@ def epilogue_copy_streams_inference(x):
 
 
 def epilogue_copy_streams_external(x):
-    with torch.Stream(device="cpu"):
+    with torch.Stream(device=DEVICE):
         x.mul_(3)
     return x.sin()
 
 
 def control_deps_wrapping_record_event(x):
-    s1 = torch.Stream(device="cpu")
-    s2 = torch.Stream(device="cpu")
+    s1 = torch.Stream(device=DEVICE)
+    s2 = torch.Stream(device=DEVICE)
     e = make_event()
 
     with s1:
@@ -402,8 +421,8 @@ def control_deps_wrapping_record_event(x):
 
 
 def control_deps_wrapping_wait_event(x):
-    s1 = torch.Stream(device="cpu")
-    s2 = torch.Stream(device="cpu")
+    s1 = torch.Stream(device=DEVICE)
+    s2 = torch.Stream(device=DEVICE)
     e = make_event()
 
     with s1:
@@ -419,8 +438,8 @@ def control_deps_wrapping_wait_event(x):
 
 
 def control_deps_prevents_invalid_reordering(x):
-    s1 = torch.Stream(device="cpu")
-    s2 = torch.Stream(device="cpu")
+    s1 = torch.Stream(device=DEVICE)
+    s2 = torch.Stream(device=DEVICE)
     e = make_event()
 
     with s1:
@@ -436,9 +455,9 @@ def control_deps_prevents_invalid_reordering(x):
 
 
 def cross_event_deps_multiple_events(x):
-    s1 = torch.Stream(device="cpu")
-    s2 = torch.Stream(device="cpu")
-    s3 = torch.Stream(device="cpu")
+    s1 = torch.Stream(device=DEVICE)
+    s2 = torch.Stream(device=DEVICE)
+    s3 = torch.Stream(device=DEVICE)
     e1 = make_event()
     e2 = make_event()
 
@@ -460,8 +479,8 @@ def cross_event_deps_multiple_events(x):
 
 
 def cross_event_deps_event_reuse(x):
-    s1 = torch.Stream(device="cpu")
-    s2 = torch.Stream(device="cpu")
+    s1 = torch.Stream(device=DEVICE)
+    s2 = torch.Stream(device=DEVICE)
     e = make_event()
 
     with s1:
@@ -483,8 +502,8 @@ class BwMutationWithStream(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y):
         ctx.save_for_backward(x)
-        ctx.s1 = torch.Stream(device="cpu")
-        ctx.s2 = torch.Stream(device="cpu")
+        ctx.s1 = torch.Stream(device=DEVICE)
+        ctx.s2 = torch.Stream(device=DEVICE)
         # Do computation on stream s2
         with ctx.s2:
             result = x * 2 + y
@@ -516,8 +535,8 @@ def inductor_lowering(x):
 
 
 def backward_sync_control_deps_e2e(x, y):
-    s0 = torch.Stream("cpu")
-    s1 = torch.Stream("cpu")
+    s0 = torch.Stream(DEVICE)
+    s1 = torch.Stream(DEVICE)
     with s0:
         z0 = 2 * x + y
     with s1:
@@ -526,13 +545,13 @@ def backward_sync_control_deps_e2e(x, y):
 
 
 def record_stream_fn(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     record_stream(x, s)
     return x
 
 
 def event_record_after_input_mutation_errors(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
     with s:
         x.add_(1)
@@ -541,7 +560,7 @@ def event_record_after_input_mutation_errors(x):
 
 
 def event_record_after_input_mutation_stack_traces(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
     with s:
         x.add_(1)
@@ -558,7 +577,7 @@ def event_record_after_input_mutation_record_event(x):
 
 
 def event_record_after_input_mutation_through_view(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
     v = x.view(-1)
     with s:
@@ -568,7 +587,7 @@ def event_record_after_input_mutation_through_view(x):
 
 
 def event_record_after_input_mutation_input_event(x, e):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     with s:
         x.add_(1)
         e.record()
@@ -576,7 +595,7 @@ def event_record_after_input_mutation_input_event(x, e):
 
 
 def event_record_before_input_mutation_no_error(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
     with s:
         e.record()
@@ -585,8 +604,8 @@ def event_record_before_input_mutation_no_error(x):
 
 
 def event_record_on_different_stream_no_error(x):
-    s0 = torch.Stream("cpu")
-    s1 = torch.Stream("cpu")
+    s0 = torch.Stream(DEVICE)
+    s1 = torch.Stream(DEVICE)
     e = make_event()
     with s0:
         x.add_(1)
@@ -596,7 +615,7 @@ def event_record_on_different_stream_no_error(x):
 
 
 def event_not_returned_no_error(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
     with s:
         x.add_(1)
@@ -664,7 +683,7 @@ def event_synchronize_e2e(a_list):
     return torch.cat(a_cpu_list)
 
 
-_DEFAULT_STREAM_EVENT = CpuEvent("cpu")  # upstream: e = torch.cuda.Event() outside f
+_DEFAULT_STREAM_EVENT = CpuEvent(DEVICE)  # upstream: e = torch.cuda.Event() outside f
 
 
 def event_record_wait_on_default_stream(x):
@@ -675,7 +694,7 @@ def event_record_wait_on_default_stream(x):
 
 
 def record_stream_inductor_output_code(x):
-    s = torch.Stream(device="cpu")
+    s = torch.Stream(device=DEVICE)
     y = x + 1
     record_stream(y, s)
     z = y * 2
@@ -683,7 +702,7 @@ def record_stream_inductor_output_code(x):
 
 
 def del_multi_stream_sync_dealloc(x, y):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
     z0 = x + 1
     with s:
@@ -695,7 +714,7 @@ def del_multi_stream_sync_dealloc(x, y):
 
 
 def del_same_stream_no_sync_dealloc(x, y):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
     with s:
         z = torch.add(x, y)
@@ -716,7 +735,7 @@ class Holder:
 
 
 def del_attr_multi_stream_sync_dealloc(x, y):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
     h = Holder()
     h.tensor = x
@@ -730,7 +749,7 @@ def del_attr_multi_stream_sync_dealloc(x, y):
 
 
 def del_subscr_multi_stream_sync_dealloc(x, y):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
     d = {"t": x}
     z0 = x + 1
@@ -756,7 +775,7 @@ def stream_pointer_extraction_edge_cases(stream_a, stream_b, default_stream):
 # ---- TestUserStreamCompile -----------------------------------------------------------------
 def compile_with_user_stream_context(x, y):
     # Create a side stream
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     # Perform operation on default stream
     z = x + y
     # Perform operation on side stream
@@ -768,7 +787,7 @@ def compile_with_user_stream_context(x, y):
 
 
 def compile_preserves_stream_semantics(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     # Work on default stream
     a = x * 2
     # Work on side stream
@@ -779,8 +798,8 @@ def compile_preserves_stream_semantics(x):
 
 
 def multiple_stream_contexts(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
 
     a = x + 1  # default stream
 
@@ -796,8 +815,8 @@ def multiple_stream_contexts(x):
 
 
 def nested_stream_contexts(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
 
     with s1:
         a = x * 2
@@ -811,7 +830,7 @@ def nested_stream_contexts(x):
 
 
 def stream_context_with_data_dependency(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
 
     # Compute on default stream
     a = x * 2
@@ -825,7 +844,7 @@ def stream_context_with_data_dependency(x):
 
 
 def event_record_and_wait(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     event = make_event()
 
     # Compute on default stream
@@ -843,8 +862,8 @@ def event_record_and_wait(x):
 
 
 def event_record_on_stream(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     event = make_event()
 
     with s1:
@@ -863,8 +882,8 @@ def event_record_on_stream(x):
 
 
 def multiple_events_multiple_streams(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     event1 = make_event()
     event2 = make_event()
 
@@ -889,7 +908,7 @@ def multiple_events_multiple_streams(x):
 
 
 def event_wait_without_record(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     event = make_event()
 
     # Record the event first
@@ -905,7 +924,7 @@ def event_wait_without_record(x):
 
 
 def stream_wait_event(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     event = make_event()
 
     a = x * 2
@@ -921,8 +940,8 @@ def stream_wait_event(x):
 
 
 def bidirectional_stream_sync(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     event_s1 = make_event()
     event_s2 = make_event()
 
@@ -948,9 +967,9 @@ def bidirectional_stream_sync(x):
 
 
 def three_streams_pipeline(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
-    s3 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
+    s3 = torch.Stream(DEVICE)
     e1 = make_event()
     e2 = make_event()
 
@@ -977,9 +996,9 @@ def three_streams_pipeline(x):
 
 
 def parallel_streams_join(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
-    s3 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
+    s3 = torch.Stream(DEVICE)
     e1 = make_event()
     e2 = make_event()
     e3 = make_event()
@@ -1010,8 +1029,8 @@ def parallel_streams_join(x):
 
 
 def fan_out_fan_in(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     e_start = make_event()
     e1 = make_event()
     e2 = make_event()
@@ -1042,9 +1061,9 @@ def fan_out_fan_in(x):
 
 
 def four_streams_diamond(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
-    s3 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
+    s3 = torch.Stream(DEVICE)
     e_start = make_event()
     e1 = make_event()
     e2 = make_event()
@@ -1077,7 +1096,7 @@ def four_streams_diamond(x):
 
 
 def stream_reuse_across_iterations(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     event = make_event()
     result = x
 
@@ -1092,8 +1111,8 @@ def stream_reuse_across_iterations(x):
 
 
 def no_fusion_across_streams(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     e1 = make_event()
     e2 = make_event()
 
@@ -1116,7 +1135,7 @@ def no_fusion_across_streams(x):
 
 
 def no_fusion_across_streams_with_dependency(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     event = make_event()
 
     # Work on default stream
@@ -1135,7 +1154,7 @@ def no_fusion_across_streams_with_dependency(x):
 
 
 def fusion_within_same_stream(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
 
     with s:
         # Multiple pointwise ops on same stream - should fuse
@@ -1150,7 +1169,7 @@ def fusion_within_same_stream(x):
 
 def no_fusion_simple_dependency_across_streams(x):
     s1 = make_stream()
-    s2 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
 
     with s1:
         a = x + 1
@@ -1164,7 +1183,7 @@ def no_fusion_simple_dependency_across_streams(x):
 
 
 def no_combo_kernel_fusion_across_streams(x, y, z, w):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     event = make_event()
 
     # Independent pointwise ops on different streams at the same topological level
@@ -1178,7 +1197,7 @@ def no_combo_kernel_fusion_across_streams(x, y, z, w):
 
 
 def combo_kernel_fusion_within_same_stream(x, y):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
 
     with s:
         # Two independent pointwise ops on the same stream
@@ -1191,7 +1210,7 @@ def combo_kernel_fusion_within_same_stream(x, y):
 
 def cross_stream_stride_copy(x):
     s1 = make_stream()
-    s2 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
 
     with s1:
         a = x + 1
@@ -1207,7 +1226,7 @@ def cross_stream_stride_copy(x):
 
 def no_buffer_reuse_across_streams(x):
     s1 = make_stream()
-    s2 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
     with s1:
         a = x + 1
     e = record_event(s1)
@@ -1220,7 +1239,7 @@ def no_buffer_reuse_across_streams(x):
 
 def stream_record_wait_event_not_dropped(x):
     s1 = make_stream()
-    s2 = torch.Stream("cpu")
+    s2 = torch.Stream(DEVICE)
     with s1:
         a = x + 1
     e = record_event(s1)
@@ -1232,7 +1251,7 @@ def stream_record_wait_event_not_dropped(x):
 
 
 def stream_synchronize_not_dropped(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     with s:
         a = x + 1
     s.synchronize()
@@ -1241,7 +1260,7 @@ def stream_synchronize_not_dropped(x):
 
 
 def stream_wait_stream_not_dropped(x):
-    s1 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
     s2 = make_stream()
     with s1:
         a = x + 1
@@ -1253,7 +1272,7 @@ def stream_wait_stream_not_dropped(x):
 
 
 def codegen_structure_single_stream(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     a = x * 2
     with s:
         b = x * 3
@@ -1262,7 +1281,7 @@ def codegen_structure_single_stream(x):
 
 
 def codegen_structure_pipeline(x, w1, w2):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     event = make_event()
     a = x @ w1
     event.record()
@@ -1274,9 +1293,9 @@ def codegen_structure_pipeline(x, w1, w2):
 
 
 def codegen_structure_three_stream_pipeline(x, w1, w2, w3):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
-    s3 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
+    s3 = torch.Stream(DEVICE)
     e1 = make_event()
     e2 = make_event()
     with s1:
@@ -1296,8 +1315,8 @@ def codegen_structure_three_stream_pipeline(x, w1, w2, w3):
 
 
 def codegen_structure_parallel_matmuls(x, w1, w2):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     e1 = make_event()
     e2 = make_event()
     with s1:
@@ -1324,7 +1343,7 @@ def heavy_matmul_chain(x, w, depth=8):
 
 
 def race_producer_consumer(x, w):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
 
     # Heavy producer on default stream
@@ -1340,8 +1359,8 @@ def race_producer_consumer(x, w):
 
 
 def race_ping_pong(x, w):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     e1 = make_event()
     e2 = make_event()
 
@@ -1364,9 +1383,9 @@ def race_ping_pong(x, w):
 
 
 def race_fan_out(x, w):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
-    s3 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
+    s3 = torch.Stream(DEVICE)
     e = make_event()
     e1 = make_event()
     e2 = make_event()
@@ -1403,8 +1422,8 @@ def race_fan_out(x, w):
 
 
 def race_diamond(x, w):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     e_fork = make_event()
     e1 = make_event()
     e2 = make_event()
@@ -1432,7 +1451,7 @@ def race_diamond(x, w):
 
 
 def race_pipeline(x, w):
-    streams = [torch.Stream("cpu") for _ in range(4)]
+    streams = [torch.Stream(DEVICE) for _ in range(4)]
     events = [make_event() for _ in range(3)]
 
     with streams[0]:
@@ -1459,7 +1478,7 @@ def race_pipeline(x, w):
 
 
 def race_back_to_back(x, w):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e1 = make_event()
     e2 = make_event()
 
@@ -1479,7 +1498,7 @@ def race_back_to_back(x, w):
 
 
 def race_triton_on_user_stream(x, w):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
 
     with s:
@@ -1495,7 +1514,7 @@ def race_triton_on_user_stream(x, w):
 
 
 # ---- TestGenericStreamCompile: streams/events created outside the compiled function ----------
-_GB_STREAM = torch.Stream("cpu")
+_GB_STREAM = torch.Stream(DEVICE)
 _GB_CUDA_STREAM = torch.Stream(
     stream_id=_GB_STREAM.stream_id,
     device_index=_GB_STREAM.device_index,
@@ -1512,8 +1531,8 @@ def generic_stream_basic(x):
     return b
 
 
-_GE_STREAM = torch.Stream("cpu")
-_GE_EVENT = CpuEvent("cpu")
+_GE_STREAM = torch.Stream(DEVICE)
+_GE_EVENT = CpuEvent(DEVICE)
 _GE_CUDA_STREAM = torch.Stream(
     stream_id=_GE_STREAM.stream_id,
     device_index=_GE_STREAM.device_index,
@@ -1534,9 +1553,9 @@ def generic_stream_with_event(x):
     return b
 
 
-_GM_STREAM1 = torch.Stream("cpu")
-_GM_STREAM2 = torch.Stream("cpu")
-_GM_EVENT = CpuEvent("cpu")
+_GM_STREAM1 = torch.Stream(DEVICE)
+_GM_STREAM2 = torch.Stream(DEVICE)
+_GM_EVENT = CpuEvent(DEVICE)
 _GM_CUDA_STREAM1 = torch.Stream(
     stream_id=_GM_STREAM1.stream_id,
     device_index=_GM_STREAM1.device_index,
@@ -1563,8 +1582,8 @@ def generic_stream_multiple(x):
     return b
 
 
-_GR_STREAM = torch.Stream("cpu")
-_GR_EVENT = CpuEvent("cpu")
+_GR_STREAM = torch.Stream(DEVICE)
+_GR_EVENT = CpuEvent(DEVICE)
 _GR_CUDA_STREAM = torch.Stream(
     stream_id=_GR_STREAM.stream_id,
     device_index=_GR_STREAM.device_index,
@@ -1586,7 +1605,7 @@ def generic_event_record_on_stream(x):
 
 
 # ---- TestStreamIdentity ----------------------------------------------------------------------
-_SI_USER_STREAM = torch.Stream("cpu")
+_SI_USER_STREAM = torch.Stream(DEVICE)
 
 
 def single_stream_identity(x):
@@ -1594,8 +1613,8 @@ def single_stream_identity(x):
         return x * 2
 
 
-_MI_STREAM_A = torch.Stream("cpu")
-_MI_STREAM_B = torch.Stream("cpu")
+_MI_STREAM_A = torch.Stream(DEVICE)
+_MI_STREAM_B = torch.Stream(DEVICE)
 
 
 def multiple_stream_identity(x):
@@ -1612,7 +1631,7 @@ def multiple_stream_identity(x):
 
 # ---- TestPDLWithMultiStream ------------------------------------------------------------------
 def pdl_single_side_stream(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     with s:
         a = x * 2
         b = a + 1
@@ -1621,8 +1640,8 @@ def pdl_single_side_stream(x):
 
 
 def pdl_correctness_with_multiple_streams(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     e1 = make_event()
     e2 = make_event()
 
@@ -1640,7 +1659,7 @@ def pdl_correctness_with_multiple_streams(x):
 
 
 def pdl_cross_stream_events_preserved(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     event = make_event()
 
     a = x * 2 + 1
@@ -1655,7 +1674,7 @@ def pdl_cross_stream_events_preserved(x):
 
 
 def pdl_same_stream_consecutive_kernels(x, y):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     with s:
         # Two separate fused groups on the same stream
         a = x**2 + x
@@ -1665,8 +1684,8 @@ def pdl_same_stream_consecutive_kernels(x, y):
 
 
 def pdl_no_fusion_across_streams(x):
-    s1 = torch.Stream("cpu")
-    s2 = torch.Stream("cpu")
+    s1 = torch.Stream(DEVICE)
+    s2 = torch.Stream(DEVICE)
     e1 = make_event()
     e2 = make_event()
 
@@ -1686,7 +1705,7 @@ def pdl_no_fusion_across_streams(x):
 
 
 def pdl_stress_multistream_correctness(x, w):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     e = make_event()
 
     h = x
@@ -1703,7 +1722,7 @@ def pdl_stress_multistream_correctness(x, w):
 
 
 def pdl_mutation_across_streams(x):
-    s = torch.Stream("cpu")
+    s = torch.Stream(DEVICE)
     event = make_event()
 
     # Produce a new buffer (not input mutation) then record
@@ -1720,9 +1739,9 @@ def pdl_mutation_across_streams(x):
 
 
 # ---- TestStreamCudagraphInteraction: stream and events created outside fn --------------------
-_IC_S1 = torch.Stream("cpu")
-_IC_EV = CpuEvent("cpu")
-_IC_EV2 = CpuEvent("cpu")
+_IC_S1 = torch.Stream(DEVICE)
+_IC_EV = CpuEvent(DEVICE)
+_IC_EV2 = CpuEvent(DEVICE)
 
 
 def implicit_current_stream_with_cudagraphs(x, y):
@@ -1735,9 +1754,9 @@ def implicit_current_stream_with_cudagraphs(x, y):
     return z + y
 
 
-_EC_S1 = torch.Stream("cpu")
-_EC_EV = CpuEvent("cpu")
-_EC_EV2 = CpuEvent("cpu")
+_EC_S1 = torch.Stream(DEVICE)
+_EC_EV = CpuEvent(DEVICE)
+_EC_EV2 = CpuEvent(DEVICE)
 
 
 def explicit_current_stream_with_cudagraphs(x, y):
@@ -1762,7 +1781,7 @@ PROGRAMS: list[Program] = [
         name="stream_enter_exit",
         upstream=DYN + "test_stream_enter_exit",
         fn=stream_enter_exit,
-        inputs=lambda: (*_two(), torch.Stream("cpu"), torch.Stream("cpu")),
+        inputs=lambda: (*_two(), torch.Stream(DEVICE), torch.Stream(DEVICE)),
         training=False,
         note=(
             "[eager-backend: ok] "
@@ -1788,7 +1807,7 @@ PROGRAMS: list[Program] = [
         name="stream_input",
         upstream=DYN + "test_stream_input",
         fn=stream_input,
-        inputs=lambda: (*_two(), torch.Stream("cpu")),
+        inputs=lambda: (*_two(), torch.Stream(DEVICE)),
         training=False,
         note=(
             "[eager-backend: ok] "
@@ -1812,7 +1831,7 @@ PROGRAMS: list[Program] = [
         name="get_current_stream_return",
         upstream=DYN + "test_get_current_stream_return",
         fn=get_current_stream_return,
-        inputs=lambda: (torch.ones(4, 4) + 1, torch.Stream("cpu")),
+        inputs=lambda: (torch.ones(4, 4) + 1, torch.Stream(DEVICE)),
         training=False,
         note=(
             "[eager-backend: ok] "
@@ -1839,7 +1858,7 @@ PROGRAMS: list[Program] = [
         name="cuda_current_stream_with_entered_stream",
         upstream=DYN + "test_cuda_current_stream_with_entered_stream",
         fn=cuda_current_stream_with_entered_stream,
-        inputs=lambda: (torch.zeros(1), torch.Stream("cpu")),
+        inputs=lambda: (torch.zeros(1), torch.Stream(DEVICE)),
         training=False,
         note=(
             "[eager-backend: ok] "
@@ -1851,7 +1870,7 @@ PROGRAMS: list[Program] = [
         name="nested_stream_enter_exit",
         upstream=DYN + "test_nested_stream_enter_exit",
         fn=nested_stream_enter_exit,
-        inputs=lambda: (*_two(), torch.Stream("cpu"), torch.Stream("cpu"), torch.Stream("cpu")),
+        inputs=lambda: (*_two(), torch.Stream(DEVICE), torch.Stream(DEVICE), torch.Stream(DEVICE)),
         training=False,
         note=(
             "[eager-backend: ok] "
@@ -2181,7 +2200,7 @@ PROGRAMS: list[Program] = [
         name="event_record_after_input_mutation_input_event",
         upstream=DYN + "test_event_record_after_input_mutation_input_event",
         fn=event_record_after_input_mutation_input_event,
-        inputs=lambda: (torch.ones(4, 4), CpuEvent("cpu")),
+        inputs=lambda: (torch.ones(4, 4), CpuEvent(DEVICE)),
         training=False,
         raises=RuntimeError,
         match='An event was recorded on a stream',
@@ -2399,7 +2418,7 @@ PROGRAMS: list[Program] = [
         name="stream_pointer_extraction_edge_cases",
         upstream=DYN + "test_stream_pointer_extraction_edge_cases",
         fn=stream_pointer_extraction_edge_cases,
-        inputs=lambda: (torch.Stream("cpu"), torch.Stream("cpu"), torch.Stream("cpu")),
+        inputs=lambda: (torch.Stream(DEVICE), torch.Stream(DEVICE), torch.Stream(DEVICE)),
         training=False,
         note=(
             "[eager-backend: ok] "
