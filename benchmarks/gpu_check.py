@@ -87,7 +87,7 @@ def check_config(name: str, n: int, depth: int, iters: int, profile: str, device
     import streampass as sp
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from streampass.simulate import simulate
+    from streampass.sim.simulate import simulate
 
     torch.manual_seed(0)
     x = torch.randn(n, n, device=device, dtype=torch.bfloat16) / n**0.5

@@ -37,7 +37,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 import streampass as sp
 from streampass import ops
-from streampass.simulate import simulate
+from streampass.sim.simulate import simulate
 from streampass.synthetic import random_stream_graph
 
 HERE = Path(__file__).resolve().parent
@@ -476,7 +476,7 @@ def markdown(result: dict) -> str:
             out.append(f"Time growth for 4x the nodes ({family}): " + "; ".join(
                 f"{k}: streampass {v['streampass']:.2f}x" + (f", torch {v['torch']:.2f}x" if v.get("torch") else "")
                 for k, v in steps.items()) + ".")
-    out.append("\n#### Syncs added and races left (`streampass.verify` on each result)\n")
+    out.append("\n#### Syncs added and races left (`streampass.analysis.verify` on each result)\n")
     out.append("| family | nodes | hazards before | streampass: records / waits | races left | "
                "torch: records / waits | races left |")
     out.append("|---|---:|---|---:|---|---:|---|")

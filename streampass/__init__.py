@@ -15,30 +15,28 @@ record/wait pairs, and encode the ordering so later passes cannot break it.
 """
 
 import importlib
-import sys
-import types
 
 # Public names and the module each lives in. Nothing is imported until first use, so that
 # `streampass --help` (and anything else that needs no graph) does not wait for torch.
 _EXPORTS = {
     "stream": "annotate",
-    "Comparison": "compare",
-    "compare": "compare",
-    "StreamDAG": "dag",
+    "Comparison": "view.compare",
+    "compare": "view.compare",
+    "StreamDAG": "analysis.dag",
     "StreamPassError": "errors",
-    "StreamSyncPass": "fx_pass",
-    "RunResult": "pipeline",
-    "run": "pipeline",
-    "SyncPlan": "plan",
-    "plan_syncs": "plan",
-    "StreamAssignment": "reading",
-    "read_streams": "reading",
+    "StreamSyncPass": "transform.fx_pass",
+    "RunResult": "transform.pipeline",
+    "run": "transform.pipeline",
+    "SyncPlan": "transform.plan",
+    "plan_syncs": "transform.plan",
+    "StreamAssignment": "analysis.reading",
+    "read_streams": "analysis.reading",
     "execute": "runtime",
-    "Schedule": "simulate",
-    "simulate": "simulate",
-    "Hazard": "verify",
-    "Report": "verify",
-    "verify": "verify",
+    "Schedule": "sim.simulate",
+    "simulate": "sim.simulate",
+    "Hazard": "analysis.verify",
+    "Report": "analysis.verify",
+    "verify": "analysis.verify",
     # StreamPass lives with torch._inductor. TORCH_LOGS="+streampass" makes torch import this
     # package while torch itself is half-loaded: nothing here may import torch eagerly.
     "StreamPass": "inductor",
@@ -68,20 +66,6 @@ __all__ = [
     "verify",
 ]
 __version__ = "0.1.0"
-
-
-class _Package(types.ModuleType):
-    """The package, whose public ``verify``, ``compare`` and ``simulate`` are functions named
-    like the modules that define them: importing a submodule binds its name on the package,
-    and here that binds the function instead (as ``from .verify import verify`` used to)."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):

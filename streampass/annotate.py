@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 from torch.fx import traceback as fx_traceback
 
-from .errors import StreamPassError
+from streampass.errors import StreamPassError
 
 AMBIENT = 0
 MAX_INDEX = 2**63 - 1  # the stream ops take SymInt: an int64

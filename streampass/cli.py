@@ -18,7 +18,7 @@ DESCRIPTION = (
 
 
 def parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from streampass import __version__
 
     p = argparse.ArgumentParser(prog="streampass", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"streampass {__version__}")
@@ -47,13 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parser().parse_args(argv)
     try:
-        from . import commands
+        from streampass import commands
 
         return commands.demo(args) if args.command == "demo" else commands.inspect(args)
     except Exception as e:
         if args.debug:
             raise
-        from .commands import UsageError
+        from streampass.commands import UsageError
 
         what = str(e).strip().splitlines()[0] if str(e).strip() else ""
         if isinstance(e, UsageError):

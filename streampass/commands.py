@@ -16,11 +16,11 @@ from collections import Counter
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from . import annotate
-from .dag import StreamDAG
-from .errors import StreamPassError
-from .pipeline import run
-from .runtime import run_serial
+from streampass import annotate
+from streampass.analysis.dag import StreamDAG
+from streampass.errors import StreamPassError
+from streampass.transform.pipeline import run
+from streampass.runtime import run_serial
 
 
 class UsageError(Exception):
@@ -121,7 +121,7 @@ def demo(args: argparse.Namespace) -> int:
 def _write_html(args: argparse.Namespace, before, after, title: str, lines: list[str]) -> None:
     if not getattr(args, "html", None):
         return
-    from .report import write_report
+    from streampass.view.report import write_report
 
     path = write_report(args.html, before, after, title=title, lines=lines)
     print(f"HTML report: {path.resolve()}")

@@ -38,7 +38,7 @@ import hashlib
 import json
 import logging
 import operator
-import os
+import pathlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -46,15 +46,17 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import compat, dynamo_indices, ops, runtime, snapshot
-from .annotate import AMBIENT
-from .apply import own_sync_body
-from .compat import PassBase, PassChain, aot_guard_on, cpu_safe_aot, post_grad_config
-from .dag import StreamDAG
-from .pipeline import RunResult, run
-from .plan import EVENT_BASE
-from .runtime import install_object_fallback
-from .reading import read_streams
+from streampass import compat, ops, runtime
+
+from streampass.transform import dynamo_indices, snapshot
+from streampass.annotate import AMBIENT
+from streampass.transform.apply import own_sync_body
+from streampass.compat import PassBase, PassChain, aot_guard_on, cpu_safe_aot, post_grad_config
+from streampass.analysis.dag import StreamDAG
+from streampass.transform.pipeline import RunResult, run
+from streampass.transform.plan import EVENT_BASE
+from streampass.runtime import install_object_fallback
+from streampass.analysis.reading import read_streams
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +69,14 @@ STREAM_KEY = "streampass_stream"  # where CPU graphs keep a node's stream for in
 
 
 def _source_files() -> tuple[str, ...]:
-    """Every module of the package: the pass may run any of them, and a hand-kept list goes
-    stale silently when a module is added or renamed."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return tuple(sorted(os.path.join(here, m) for m in os.listdir(here) if m.endswith(".py")))
+    """Every module of the package, subpackages included: the pass may run any of them, and a
+    hand-kept list goes stale silently when a module is added or renamed.
+
+    >>> any(f.endswith("transform/plan.py") for f in _source_files())
+    True
+    """
+    here = pathlib.Path(__file__).resolve().parent
+    return tuple(str(p) for p in sorted(here.rglob("*.py")) if "__pycache__" not in p.parts)
 
 
 def _hash_files(paths: tuple[str, ...], extra: str) -> bytes:
@@ -124,7 +130,7 @@ class GraphReport:
     lowering: str  # "native" (GPU), "cpu" or "none"
     result: RunResult | None = dataclasses.field(default=None, repr=False)
     verified_graph: torch.fx.GraphModule | None = dataclasses.field(default=None, repr=False)
-    #: how stream indices relate to dynamo's object table (see :mod:`streampass.dynamo_indices`):
+    #: how stream indices relate to dynamo's object table (see :mod:`streampass.transform.dynamo_indices`):
     #: "dynamo" (the same; 0 is the ambient stream), "dynamo+1" (dynamo's index i is stream i + 1,
     #: since dynamo gave index 0 to a user object) or "unknown"
     indices: str = "dynamo"
@@ -182,7 +188,7 @@ class StreamPass(PassBase):
 
     def uuid(self) -> bytes:
         """sha256 of streampass's version and the source of the modules the pass runs."""
-        from . import __version__
+        from streampass import __version__
 
         return _hash_files(_source_files(), f"streampass-{__version__}")
 

@@ -18,7 +18,7 @@ import torch._dynamo.variables.streams  # noqa: F401  (registers torch.ops.strea
 import torch.fx
 from torch._inductor.fx_passes.control_dependencies import control_deps
 
-from . import compat  # noqa: F401  (gives torch 2.11 the control_deps kernels the encoding runs)
+from streampass import compat  # noqa: F401  (gives torch 2.11 the control_deps kernels the encoding runs)
 
 streams = torch.ops.streams
 

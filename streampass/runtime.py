@@ -30,9 +30,9 @@ import torch
 import torch.fx
 from torch._dynamo import graph_bytecode_inputs as table
 
-from .annotate import AMBIENT
-from .plan import EVENT_BASE
-from .reading import read_streams
+from streampass.annotate import AMBIENT
+from streampass.transform.plan import EVENT_BASE
+from streampass.analysis.reading import read_streams
 
 
 class NoOpEvent(torch.Event):
@@ -355,7 +355,7 @@ _SYNC_METHODS = frozenset({"record", "record_event", "wait", "wait_event", "wait
 
 class _SerialInterpreter(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node):
-        from . import ops
+        from streampass import ops
 
         if ops.as_sync_call(n) is not None:
             return None if n.target is not ops.CONTROL_DEPS else (None, *self.map_nodes_to_values(n.args[2:], n))

@@ -14,7 +14,7 @@ import random
 import torch
 import torch.fx
 
-from . import ops
+from streampass import ops
 
 aten = torch.ops.aten
 _BINARY = [aten.mul.Tensor, aten.maximum.default, aten.minimum.default]

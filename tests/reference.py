@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from streampass import ops
-from streampass.reading import read_streams
+from streampass.analysis.reading import read_streams
 from streampass.runtime import run_serial
 
 

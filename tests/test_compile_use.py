@@ -135,7 +135,7 @@ def test_user_syncs_are_reused_exactly_as_run_does():
     existing = planned_syncs(p.reports[0].verified_graph) - p.reports[0].records_added - p.reports[0].waits_added
     assert existing == 2  # the user's record and wait, kept
     # the same graph, standalone (after the same index shift): the same syncs are added
-    from streampass.dynamo_indices import shift_indices
+    from streampass.transform.dynamo_indices import shift_indices
 
     shift_indices(graph, 1)
     alone = sp.run(graph, bind_runtime=False)

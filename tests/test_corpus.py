@@ -11,7 +11,7 @@ outside any ``with stream:`` block fails inside dynamo (``IndexError: deque inde
 range``) before any pass runs. The CUDA current stream is therefore translated to one CPU stream
 that the harness enters around every program, inside the compiled function (eagerly: a
 :class:`~user_stream_programs.CpuStream`). streampass reads it as a side stream like the
-program's own (dynamo gives it index 0; see :mod:`streampass.dynamo_indices`).
+program's own (dynamo gives it index 0; see :mod:`streampass.transform.dynamo_indices`).
 
 With ``STREAMPASS_CORPUS_DEVICE=cuda`` (what tests/test_cuda_corpus.py sets) the same programs
 run on CUDA: streams, events and inputs on the GPU, no stand-ins, the real current stream, and

@@ -1,4 +1,4 @@
-"""Tests for streampass.cost: roofline node times on FX graphs."""
+"""Tests for streampass.sim.cost: roofline node times on FX graphs."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import streampass.cost as cost_mod
+import streampass.sim.cost as cost_mod
 from streampass import ops
-from streampass.cost import PROFILES, CostModel, DeviceProfile
+from streampass.sim.cost import PROFILES, CostModel, DeviceProfile
 
 aten = torch.ops.aten
 streams = torch.ops.streams

@@ -77,7 +77,7 @@ def _captured(fn, static_inputs, warmup: int = 3):
 
 
 def test_run_result_is_captured_in_a_cuda_graph_and_replays_as_eager():
-    from streampass.capture import unjoined
+    from streampass.analysis.capture import unjoined
 
     args = _inputs(512)
     expected = two_branches(*args)

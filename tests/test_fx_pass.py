@@ -9,8 +9,8 @@ from torch.fx.passes.infra.pass_base import PassResult
 from torch.fx.passes.infra.pass_manager import PassManager
 
 import streampass as sp
-from streampass.fx_pass import StreamSyncPass
-from streampass.plan import EVENT_BASE
+from streampass.transform.fx_pass import StreamSyncPass
+from streampass.transform.plan import EVENT_BASE
 
 
 def branches(x, w):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -79,7 +80,7 @@ MULTI_STREAM = {"branches", "fanout", "nested", "chain", "inplace"}
 
 # dynamo-captured torch.Stream contexts: one CPU stream object per index. On CPU dynamo gives
 # index 0 to the first stream the function uses; StreamPass moves every index up by one so that
-# it is a side stream like the others (streampass.dynamo_indices).
+# it is a side stream like the others (streampass.transform.dynamo_indices).
 _CPU_STREAMS = {k: torch.Stream("cpu") for k in (1, 2, 3)}
 STYLES = {
     "sp.stream": sp.stream,
@@ -247,8 +248,10 @@ def test_uuid_stable_across_instances_and_processes():
 
 def _copied_sources(tmp_path, monkeypatch):
     files = []
+    root = Path(spi.__file__).resolve().parent
     for f in spi._source_files():
-        dst = tmp_path / f.rsplit("/", 1)[1]
+        dst = tmp_path / Path(f).relative_to(root)
+        dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_text(open(f).read())
         files.append(str(dst))
     monkeypatch.setattr(spi, "_source_files", lambda: tuple(files))
@@ -260,7 +263,7 @@ def test_uuid_changes_when_pass_source_changes(tmp_path, monkeypatch):
     files = _copied_sources(tmp_path, monkeypatch)
     assert spi.StreamPass().uuid() == original
     for f in files:
-        if f.endswith("plan.py"):
+        if f.endswith("transform/plan.py"):
             with open(f, "a") as fh:
                 fh.write("\n# a change\n")
     assert spi.StreamPass().uuid() != original

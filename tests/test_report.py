@@ -14,7 +14,7 @@ import torch
 
 import streampass as sp
 from streampass import cli
-from streampass.report import build_report
+from streampass.view.report import build_report
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

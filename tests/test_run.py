@@ -172,7 +172,7 @@ def test_refusals_leave_the_graph_exactly_as_it_was(build):
 def test_internal_failure_restores_the_graph(traced, monkeypatch):
     gm, _ = traced
     code = gm.code
-    from streampass import apply
+    from streampass.transform import apply
 
     def boom(self):
         self.graph.call_function(aten.sin.default, (next(iter(self.graph.nodes)),))
@@ -190,7 +190,7 @@ def test_internal_failure_undoes_every_kind_of_edit(traced, monkeypatch):
     code = gm.code
     before = [(n.name, n.target, n.args, n.kwargs, dict(n.meta)) for n in gm.graph.nodes]
     modules = set(gm._modules)
-    from streampass import apply
+    from streampass.transform import apply
 
     def boom(self):
         nodes = [n for n in self.a.nodes if n.op == "call_function"]  # the graph's own nodes
@@ -213,7 +213,7 @@ def test_internal_failure_undoes_every_kind_of_edit(traced, monkeypatch):
 def test_rewrite_that_breaks_the_order_is_caught_and_undone(traced, monkeypatch):
     gm, _ = traced
     code = gm.code
-    from streampass import apply
+    from streampass.transform import apply
 
     encode = apply._Editor.encode
 
@@ -234,7 +234,7 @@ def test_failure_after_fork_join_removal_is_undone():
     assert any(n.target in (ops.FORK, ops.JOIN) for n in gm.graph.nodes)
     code = gm.code
     before = [(n.name, n.target, n.args) for n in gm.graph.nodes]
-    from streampass import apply
+    from streampass.transform import apply
 
     encode = apply._Editor.encode
 
@@ -365,7 +365,7 @@ def test_restored_graph_keeps_its_calling_convention(monkeypatch):
     d = {"a": torch.randn(3), "b": torch.randn(3)}
     gm = make_fx(g)(d)
     code = gm.code
-    from streampass import apply
+    from streampass.transform import apply
 
     def boom(self):
         raise RuntimeError("boom")

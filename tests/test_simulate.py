@@ -1,4 +1,4 @@
-"""Tests for streampass.simulate: the discrete-event schedule of a multi-stream graph."""
+"""Tests for streampass.sim.simulate: the discrete-event schedule of a multi-stream graph."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass import ops
-from streampass.cost import PROFILES, CostModel
-from streampass.simulate import Schedule, simulate
+from streampass.sim.cost import PROFILES, CostModel
+from streampass.sim.simulate import Schedule, simulate
 from streampass.synthetic import random_stream_graph
 
 aten = torch.ops.aten
@@ -381,7 +381,7 @@ def test_doctests():
     import doctest
     import importlib
 
-    # not `import streampass.simulate as mod`: that binds the function streampass exports
-    mod = importlib.import_module("streampass.simulate")
+    # not `import streampass.sim.simulate as mod`: that binds the function streampass exports
+    mod = importlib.import_module("streampass.sim.simulate")
 
     assert doctest.testmod(mod).failed == 0

@@ -13,7 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import streampass as sp
 from streampass import ops, runtime
 from streampass.annotate import MAX_INDEX
-from streampass.plan import EVENT_BASE
+from streampass.transform.plan import EVENT_BASE
 
 aten = torch.ops.aten
 
@@ -278,7 +278,7 @@ def _traced_models():
 
 
 def test_every_traced_model_run_returns_is_capturable():
-    from streampass.capture import unjoined
+    from streampass.analysis.capture import unjoined
 
     seen = 0
     for name, gm in _traced_models():
@@ -297,7 +297,7 @@ def test_every_traced_model_run_returns_is_capturable():
 def test_a_side_stream_wait_left_last_by_the_user_is_joined():
     """A graph handed over with a wait as a side stream's last op: verify names it (a capture
     would end with the stream un-joined) and run adds the join."""
-    from streampass.capture import unjoined
+    from streampass.analysis.capture import unjoined
 
     def f(x):
         with sp.stream(1):

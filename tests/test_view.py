@@ -13,7 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass import view
-from streampass.compare import compare
+from streampass.view.compare import compare
 
 
 def _small():
@@ -203,7 +203,7 @@ def test_compare_shows_added_syncs_and_fixed_hazards():
 
 
 def test_schedule_view():
-    simulate = pytest.importorskip("streampass.simulate").simulate
+    simulate = pytest.importorskip("streampass.sim.simulate").simulate
     gm = _small()
     sp.run(gm)
     sched = simulate(gm, cost="h100")

@@ -1,6 +1,6 @@
 """What must happen before what: the ordering requirements that make a multi-stream graph race-free.
 
-Pure analysis over a :class:`~streampass.reading.StreamAssignment`. Each
+Pure analysis over a :class:`~streampass.analysis.reading.StreamAssignment`. Each
 :class:`Requirement` says "``before`` must complete before ``after`` starts"; a requirement
 between nodes of different streams is a hazard unless happens-before holds. Kinds
 (DESIGN.md §2): ``raw``, ``war``, ``waw``, ``entry``, ``exit``; ``dealloc`` is about memory
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from . import ops
-from .annotate import AMBIENT
-from .reading import StreamAssignment
+from streampass import ops
+from streampass.annotate import AMBIENT
+from streampass.analysis.reading import StreamAssignment
 
 Node = torch.fx.Node
 

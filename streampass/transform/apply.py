@@ -1,4 +1,4 @@
-"""Apply a :class:`~streampass.plan.SyncPlan`: the only module that edits graphs.
+"""Apply a :class:`~streampass.transform.plan.SyncPlan`: the only module that edits graphs.
 
 Every sync op (new or already there) is wrapped in torch's ``control_deps`` higher-order op so
 that the ordering the plan relies on becomes data dependencies:
@@ -24,10 +24,10 @@ import torch
 import torch.fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from . import ops
-from .annotate import AMBIENT
-from .errors import StreamPassError
-from .plan import SyncPlan
+from streampass import ops
+from streampass.annotate import AMBIENT
+from streampass.errors import StreamPassError
+from streampass.transform.plan import SyncPlan
 
 Node = torch.fx.Node
 _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_default", operator.getitem: "getitem"}
@@ -340,7 +340,7 @@ class _Editor:
 
     def drop_switches(self) -> None:
         """Erase the fork/join nodes. Last, after every check: undoing an erasure reaches into
-        FX internals (streampass.snapshot), so the pass avoids needing it."""
+        FX internals (streampass.transform.snapshot), so the pass avoids needing it."""
         for node in self.switches:
             if node.users:
                 raise StreamPassError(

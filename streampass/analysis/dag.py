@@ -7,8 +7,8 @@ from collections.abc import Iterable
 import networkx as nx
 import torch.fx
 
-from . import ops
-from .reading import StreamAssignment, read_streams
+from streampass import ops
+from streampass.analysis.reading import StreamAssignment, read_streams
 
 NodeRef = "torch.fx.Node | str"
 
@@ -97,7 +97,7 @@ class StreamDAG:
 
     @classmethod
     def from_graph(cls, g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()) -> StreamDAG:
-        """Read ``g``'s streams (see :func:`streampass.reading.read_streams`) and build the DAG."""
+        """Read ``g``'s streams (see :func:`streampass.analysis.reading.read_streams`) and build the DAG."""
         return cls(read_streams(g, external_events))
 
     def __repr__(self) -> str:
@@ -149,9 +149,9 @@ class StreamDAG:
         ]
 
     def hazards(self):
-        """The races of this graph (see :func:`streampass.verify`), computed once."""
+        """The races of this graph (see :func:`streampass.analysis.verify`), computed once."""
         if getattr(self, "_hazards", None) is None:
-            from .verify import find_hazards
+            from streampass.analysis.verify import find_hazards
 
             self._hazards = find_hazards(self)
         return self._hazards
@@ -159,41 +159,41 @@ class StreamDAG:
     # -- views (implemented in streampass.view) --------------------------------------------
     def to_dot(self, **kwargs) -> str:
         """Graphviz DOT source: one cluster per stream, hazards in red (see streampass.view)."""
-        from . import view
+        from streampass import view
 
         return view.to_dot(self, **kwargs)
 
     def to_json(self) -> str:
         """Nodes, edges, streams and hazards as JSON; :meth:`from_json` reads it back."""
-        from . import view
+        from streampass import view
 
         return view.to_json(self)
 
     @staticmethod
     def from_json(text: str):
-        from . import view
+        from streampass import view
 
         return view.from_json(text)
 
     def view(self, around=None, depth: int = 2, stream: int | None = None, **kwargs):
         """A displayable view of part of the DAG (a node's neighbourhood, or one stream)."""
-        from . import view
+        from streampass import view
 
         return view.view(self, around=around, depth=depth, stream=stream, **kwargs)
 
     def draw(self, path, **kwargs):
         """Write a picture (PNG/SVG) of the DAG to ``path``."""
-        from . import view
+        from streampass import view
 
         return view.draw(self, path, **kwargs)
 
     def _repr_svg_(self):
-        from . import view
+        from streampass import view
 
         return view.repr_svg(self)
 
     def _repr_html_(self):
-        from . import view
+        from streampass import view
 
         return view.repr_html(self)
 

@@ -1,8 +1,8 @@
 """The sync plan: which records and waits make a graph race-free, with the fewest waits (pure).
 
 The planner walks the graph in issue order with one vector clock per stream (as
-:mod:`streampass.dag` does), honouring the syncs the graph already has. A *demand* is a
-point with ordering requirements (:mod:`streampass.hazards`) that happens-before does not
+:mod:`streampass.analysis.dag` does), honouring the syncs the graph already has. A *demand* is a
+point with ordering requirements (:mod:`streampass.analysis.hazards`) that happens-before does not
 yet imply: a node reading another stream's value, the output (exit), or the free point of
 a value read on another stream (dealloc).
 
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from . import ops
-from .annotate import AMBIENT, MAX_INDEX
-from .errors import StreamPassError
-from .dag import vector_clocks
-from .hazards import CrossStreamValue, requirements
-from .reading import StreamAssignment
+from streampass import ops
+from streampass.annotate import AMBIENT, MAX_INDEX
+from streampass.errors import StreamPassError
+from streampass.analysis.dag import vector_clocks
+from streampass.analysis.hazards import CrossStreamValue, requirements
+from streampass.analysis.reading import StreamAssignment
 
 Node = torch.fx.Node
 
@@ -81,7 +81,7 @@ class PlannedRecord:
 
 @dataclass
 class SyncPlan:
-    """Everything :func:`streampass.apply.apply_plan` needs, computed without editing the graph.
+    """Everything :func:`streampass.transform.apply.apply_plan` needs, computed without editing the graph.
 
     Attributes:
         waits: new waits, in walk order.
@@ -652,7 +652,7 @@ def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan
 
     ``dealloc=False`` leaves out the free points (the waits that defer frees of values read
     on other streams), to count the ordering waits alone. ``reqs``: the graph's
-    :func:`~streampass.hazards.requirements`, if already computed.
+    :func:`~streampass.analysis.hazards.requirements`, if already computed.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx

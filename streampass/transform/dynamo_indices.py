@@ -24,9 +24,9 @@ import weakref
 import torch
 import torch.fx
 
-from . import ops
-from .apply import own_sync_body
-from .compat import registered_object
+from streampass import ops
+from streampass.transform.apply import own_sync_body
+from streampass.compat import registered_object
 
 #: tracing context of a forward compile -> the offset its graphs were read with
 _FORWARD_OFFSETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -4,7 +4,7 @@
 nodes in graph order; each stream runs what was issued to it in order, one node at a time;
 ``record_event`` / ``wait_event`` / ``wait_stream`` / ``sync_dealloc`` hold a stream back until
 the work they name has completed; ``synchronize_*`` hold the CPU back. Node durations come from
-:class:`streampass.cost.CostModel`. Data dependencies across streams are **not** honoured unless
+:class:`streampass.sim.cost.CostModel`. Data dependencies across streams are **not** honoured unless
 the syncs say so, exactly as on a GPU: the schedule of a graph with races can finish before its
 critical path, and :attr:`Schedule.races` lists every dependency the schedule violated.
 
@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 import networkx as nx
 import torch.fx
 
-from . import ops
-from .annotate import AMBIENT
-from .cost import CostModel, DeviceProfile
-from .hazards import is_tensor_value, reads_of, writes_of
-from .reading import StreamAssignment, read_streams
+from streampass import ops
+from streampass.annotate import AMBIENT
+from streampass.sim.cost import CostModel, DeviceProfile
+from streampass.analysis.hazards import is_tensor_value, reads_of, writes_of
+from streampass.analysis.reading import StreamAssignment, read_streams
 
 __all__ = ["Slot", "Race", "Schedule", "simulate"]
 
@@ -103,7 +103,7 @@ class Schedule:
         returned_at: when the ambient stream has finished the work issued before ``output``
             (what a caller's next kernel on the ambient stream would wait for).
         races: dependencies this schedule violated (see :class:`Race`); empty for graphs that
-            :func:`streampass.verify` passes.
+            :func:`streampass.analysis.verify` passes.
         profile: the device profile the times come from.
     """
 
@@ -385,7 +385,7 @@ def _run(items: list[_Item], streams: list[int]) -> float:
 def _dependencies(a: StreamAssignment) -> list[tuple[str, Node, Node]]:
     """Every ordering the program needs, same stream or not: (kind, before, after).
 
-    Like :func:`streampass.hazards.requirements` without the cross-stream filter: a read
+    Like :func:`streampass.analysis.hazards.requirements` without the cross-stream filter: a read
     depends on the last write of its storage (raw), a write on the last write (waw) and on
     the reads since (war); the output on the last write of every value it returns (exit).
     Views, getitems and control_deps passthroughs are looked through (storage roots), and the
@@ -466,8 +466,8 @@ def simulate(
 ) -> Schedule:
     """Simulate ``gm`` on its streams and return the :class:`Schedule`. Never edits ``gm``.
 
-    ``cost``: a :class:`~streampass.cost.CostModel`, a profile name (``"h100"``, ``"h200"``,
-    ``"a100"``, ``"cpu"``) or a :class:`~streampass.cost.DeviceProfile`; default ``"h100"``.
+    ``cost``: a :class:`~streampass.sim.cost.CostModel`, a profile name (``"h100"``, ``"h200"``,
+    ``"a100"``, ``"cpu"``) or a :class:`~streampass.sim.cost.DeviceProfile`; default ``"h100"``.
 
     ``cpu_launch``: when False (default) the CPU issues instantly and each node's full
     cost-model time (which includes one launch overhead) is spent on its stream. When True,

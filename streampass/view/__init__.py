@@ -1,4 +1,4 @@
-"""Views of a :class:`~streampass.dag.StreamDAG` that a person reads: lanes, tables, pictures.
+"""Views of a :class:`~streampass.analysis.dag.StreamDAG` that a person reads: lanes, tables, pictures.
 
 Everything here reads a DAG and never edits a graph. All views work on a plain snapshot of
 the DAG, :class:`StreamDAGData` (nodes, edges, streams, hazards), so a DAG read back from
@@ -174,14 +174,14 @@ def data(dag) -> StreamDAGData:
         return dag
     if isinstance(dag, DAGView):
         return dag.data
-    from .dag import StreamDAG
+    from streampass.analysis.dag import StreamDAG
 
     if not isinstance(dag, StreamDAG):
         dag = StreamDAG.from_graph(dag)
     cached = getattr(dag, "_view_data", None)
     if cached is not None:
         return cached
-    from . import ops
+    from streampass import ops
 
     a = dag.assignment
     g = dag.nx
@@ -279,7 +279,7 @@ def to_json(dag, indent: int | None = None) -> str:
 def from_json(text: str) -> StreamDAGData:
     """Read :func:`to_json` output back as a :class:`StreamDAGData` (views work on it too).
 
-    It is a snapshot, not a live :class:`~streampass.dag.StreamDAG`: there is no graph, so no
+    It is a snapshot, not a live :class:`~streampass.analysis.dag.StreamDAG`: there is no graph, so no
     vector clocks or ``happens_before``; ``.nx`` has the same nodes, edges and attributes.
 
     >>> import torch, streampass as sp
@@ -299,7 +299,7 @@ def from_json(text: str) -> StreamDAGData:
     ...
     ValueError: not a streampass DAG JSON document (format 'other', expected 'streampass.dag/1')
     """
-    from .verify import Hazard
+    from streampass.analysis.verify import Hazard
 
     obj = json.loads(text)
     fmt = obj.get("format")
@@ -1272,7 +1272,7 @@ def repr_html(dag, max_nodes: int = MAX_NODES) -> str:
 
 
 # ----------------------------------------------------------------------------------------
-# HTML helpers (shared with streampass.report and streampass.compare)
+# HTML helpers (shared with streampass.view.report and streampass.view.compare)
 # ----------------------------------------------------------------------------------------
 CSS = """
 .sp-root{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;font-size:13px;color:#222}
@@ -1324,7 +1324,7 @@ def inline_svg(svg: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------
-# the schedule (streampass.simulate.Schedule) as swimlanes over time
+# the schedule (streampass.sim.simulate.Schedule) as swimlanes over time
 # ----------------------------------------------------------------------------------------
 MAX_SLOTS = 4000
 

@@ -34,7 +34,7 @@ import torch
 import torch.fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
-from . import ops
+from streampass import ops
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 

@@ -2,8 +2,8 @@
 
 One file, no network: CSS inline, pictures as inline SVG, no JavaScript. Sections: the
 graph's streams (summary table), its hazards, the DAG drawing (capped, see
-:mod:`streampass.view`), what the pass added (:func:`streampass.compare.compare`), the DAG
-after, and — when :mod:`streampass.simulate` is available — the simulated schedule.
+:mod:`streampass.view`), what the pass added (:func:`streampass.view.compare.compare`), the DAG
+after, and — when :mod:`streampass.sim.simulate` is available — the simulated schedule.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import datetime
 import html
 from pathlib import Path
 
-from . import view as _view
+from streampass import view as _view
 
 
 def _section(title: str, body: str, anchor: str) -> str:
@@ -34,7 +34,7 @@ def _dag_body(dag, max_nodes: int, engine: str) -> str:
 
 def _schedule_body(gm, cost: str) -> str | None:
     try:
-        from .simulate import simulate
+        from streampass.sim.simulate import simulate
     except ImportError:
         return None
     try:
@@ -71,7 +71,7 @@ def build_report(
     ``before``: the graph as given (GraphModule or StreamDAG); ``after``: the graph after
     :func:`streampass.run` (omit to report one graph). ``lines``: a text summary shown at the
     top (the CLI passes what it printed). ``schedule``: add the simulated schedule of the final
-    graph (``cost`` profile) when :mod:`streampass.simulate` is installed.
+    graph (``cost`` profile) when :mod:`streampass.sim.simulate` is installed.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -93,7 +93,7 @@ def build_report(
     >>> "<h2>Graph</h2>" in one, '<section id="after">' in one, '<section id="schedule">' in one
     (True, False, False)
     """
-    from .compare import compare
+    from streampass.view.compare import compare
 
     sections = []
     nav = []
@@ -114,7 +114,7 @@ def build_report(
         if body is not None:
             sections.append(_section(f"Simulated schedule ({cost})", body, "schedule"))
             nav.append(("schedule", "Schedule"))
-    from . import __version__
+    from streampass import __version__
 
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     return (

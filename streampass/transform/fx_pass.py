@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import torch.fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from .errors import StreamPassError
-from .pipeline import RunResult, run
-from .reading import read_streams
-from .verify import verify
+from streampass.errors import StreamPassError
+from streampass.transform.pipeline import RunResult, run
+from streampass.analysis.reading import read_streams
+from streampass.analysis.verify import verify
 
 __all__ = ["StreamSyncPass"]
 
@@ -41,7 +41,7 @@ class StreamSyncPass(PassBase):
     Attributes:
         external_events: event indices recorded outside the graph (see :func:`streampass.run`).
         bind_runtime: make the graph callable eagerly (its stream/event table), as ``run`` does.
-        last: the :class:`~streampass.pipeline.RunResult` of the latest ``call``.
+        last: the :class:`~streampass.transform.pipeline.RunResult` of the latest ``call``.
     """
 
     external_events: tuple[int, ...] = ()

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from . import ops
-from .dag import StreamDAG
-from .hazards import CrossStreamValue, Requirement, requirements
+from streampass import ops
+from streampass.analysis.dag import StreamDAG
+from streampass.analysis.hazards import CrossStreamValue, Requirement, requirements
 
 KINDS = ("raw", "war", "waw", "entry", "exit", "dealloc")
 
@@ -158,7 +158,7 @@ def find_hazards(dag: StreamDAG, reqs=None) -> list[Hazard]:
     >>> [h.kind for h in find_hazards(sp.StreamDAG.from_graph(gm))]
     ['entry', 'raw', 'exit', 'dealloc']
 
-    ``reqs``: the ``(requirements, values)`` of :func:`streampass.hazards.requirements` for
+    ``reqs``: the ``(requirements, values)`` of :func:`streampass.analysis.hazards.requirements` for
     this DAG's assignment, if the caller already has them.
     """
     a = dag.assignment

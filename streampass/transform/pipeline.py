@@ -9,14 +9,16 @@ from dataclasses import dataclass
 
 import torch.fx
 
-from . import runtime, snapshot
-from .apply import apply_plan
-from .dag import StreamDAG
-from .errors import StreamPassError
-from .hazards import requirements
-from .plan import SyncPlan, plan_syncs
-from .reading import read_streams
-from .verify import Report, find_hazards
+from streampass import runtime
+
+from streampass.transform import snapshot
+from streampass.transform.apply import apply_plan
+from streampass.analysis.dag import StreamDAG
+from streampass.errors import StreamPassError
+from streampass.analysis.hazards import requirements
+from streampass.transform.plan import SyncPlan, plan_syncs
+from streampass.analysis.reading import read_streams
+from streampass.analysis.verify import Report, find_hazards
 
 
 @dataclass

@@ -17,10 +17,10 @@ from collections.abc import Iterable
 
 import torch.fx
 
-from . import ops
-from .annotate import AMBIENT
-from .dag import vector_clocks
-from .reading import read_streams
+from streampass import ops
+from streampass.annotate import AMBIENT
+from streampass.analysis.dag import vector_clocks
+from streampass.analysis.reading import read_streams
 
 
 def unjoined(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()) -> list[str]:

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from . import ops
-from .annotate import AMBIENT, MAX_INDEX, check_stream_index
-from .errors import StreamPassError
+from streampass import ops
+from streampass.annotate import AMBIENT, MAX_INDEX, check_stream_index
+from streampass.errors import StreamPassError
 
 
 @dataclass

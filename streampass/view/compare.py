@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from . import ops
-from .dag import StreamDAG
+from streampass import ops
+from streampass.analysis.dag import StreamDAG
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class Comparison:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        from .view import _wrap, hazard_table
+        from streampass.view import _wrap, hazard_table
 
         def rows(items: list[AddedSync]) -> str:
             if not items:

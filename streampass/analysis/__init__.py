@@ -1,0 +1,1 @@
+"""Reading a graph: stream assignment, DAG and happens-before, requirements, verification. Nothing here edits a graph."""

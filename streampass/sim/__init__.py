@@ -1,0 +1,1 @@
+"""What a schedule would cost: the device cost model and the stream simulator."""
