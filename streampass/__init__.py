@@ -34,7 +34,7 @@ _EXPORTS = {
     "execute": "runtime",
     "Schedule": "sim.simulate",
     "simulate": "sim.simulate",
-    "Hazard": "analysis.verify",
+    "Hazard": "analysis.hazards",
     "Report": "analysis.verify",
     "verify": "analysis.verify",
     # StreamPass lives with torch._inductor. TORCH_LOGS="+streampass" makes torch import this

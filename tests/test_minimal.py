@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streampass as sp
-from streampass.analysis.hazards import requirements
+from streampass.analysis.requirements import requirements
 from streampass.synthetic import random_stream_graph
 
 

@@ -13,7 +13,7 @@ from reorder import random_topological_copy
 import streampass as sp
 from streampass import ops
 from streampass.analysis.capture import unjoined
-from streampass.analysis.hazards import requirements
+from streampass.analysis.requirements import requirements
 from streampass.runtime import run_serial
 from streampass.synthetic import random_inputs, random_stream_graph
 

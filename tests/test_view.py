@@ -13,6 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass import view
+from streampass.view import render, style
 from streampass.view.compare import compare
 
 
@@ -41,7 +42,7 @@ def _need_dot():
 
 def test_dot_has_every_node_one_lane_per_stream(small):
     gm, dag = small
-    graphs = pydot.graph_from_dot_data(dag.to_dot())
+    graphs = pydot.graph_from_dot_data(view.to_dot(dag))
     assert len(graphs) == 1
     g = graphs[0]
     clusters = {c.get_name(): c for c in g.get_subgraphs() if c.get_name().startswith("cluster_")}
@@ -58,18 +59,18 @@ def test_hazard_red_with_message_as_tooltip(small):
     gm, dag = small
     hz = dag.hazards()
     raw = next(h for h in hz if h.kind == "raw")
-    g = pydot.graph_from_dot_data(dag.to_dot())[0]
+    g = pydot.graph_from_dot_data(view.to_dot(dag))[0]
     nodes = {n.get("label").strip('"').split("\\n")[0]: n for c in g.get_subgraphs() for n in c.get_nodes() if n.get("label")}
     reader = nodes[raw.nodes[-1]]
-    assert reader.get("color").strip('"') == view._HAZARD
+    assert reader.get("color").strip('"') == style.HAZARD_COLOUR
     assert raw.message in reader.get("tooltip")
-    red_edges = [e for e in g.get_edges() if (e.get("color") or "").strip('"') == view._HAZARD]
+    red_edges = [e for e in g.get_edges() if (e.get("color") or "").strip('"') == style.HAZARD_COLOUR]
     assert any(raw.message in e.get("tooltip") for e in red_edges)
     involved = {x for h in hz for x in h.nodes}
     clean = [name for name in nodes if name not in involved]
     assert clean
     for name in clean:
-        assert (nodes[name].get("color") or "").strip('"') != view._HAZARD
+        assert (nodes[name].get("color") or "").strip('"') != style.HAZARD_COLOUR
 
 
 @pytest.mark.parametrize("engine", ["dot", "matplotlib"])
@@ -86,18 +87,18 @@ def test_svg_shows_nodes_lanes_and_hazard_tooltips(small, engine):
     text = html.unescape(svg)
     for h in dag.hazards():
         assert h.message in text  # as a <title> tooltip
-    assert view._HAZARD in svg.lower() or view._HAZARD.upper() in svg
+    assert style.HAZARD_COLOUR in svg.lower() or style.HAZARD_COLOUR.upper() in svg
 
 
 def test_draw_matplotlib_when_dot_missing(small, tmp_path, monkeypatch):
     gm, dag = small
-    monkeypatch.setattr(view.shutil, "which", lambda name: None)
+    monkeypatch.setattr(render.shutil, "which", lambda name: None)
     assert not view.have_dot()
-    png = dag.draw(tmp_path / "dag.png")
+    png = view.draw(dag, tmp_path / "dag.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    svg = dag.draw(tmp_path / "dag.svg")
+    svg = view.draw(dag, tmp_path / "dag.svg")
     assert "<svg" in svg.read_text()
-    assert repr(dag._repr_svg_()).count("stream") >= len(dag.streams)
+    assert repr(view.repr_svg(dag)).count("stream") >= len(dag.streams)
     with pytest.raises(RuntimeError, match="graphviz"):
         view.render_svg(dag, engine="dot")
 
@@ -105,15 +106,15 @@ def test_draw_matplotlib_when_dot_missing(small, tmp_path, monkeypatch):
 def test_draw_with_graphviz(small, tmp_path):
     _need_dot()
     gm, dag = small
-    png = dag.draw(tmp_path / "dag.png", engine="dot")
+    png = view.draw(dag, tmp_path / "dag.png", engine="dot")
     assert png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError):
-        dag.draw(tmp_path / "dag.gif")
+        view.draw(dag, tmp_path / "dag.gif")
 
 
 def test_json_round_trip(small):
     gm, dag = small
-    back = sp.StreamDAG.from_json(dag.to_json())
+    back = view.from_json(view.to_json(dag))
     d = view.data(dag)
     assert back == d
     assert back.streams == dag.streams
@@ -122,34 +123,34 @@ def test_json_round_trip(small):
     assert sorted(back.nx.edges) == sorted(dag.nx.edges)
     for u, v, attrs in dag.nx.edges(data=True):
         assert back.nx.edges[u, v]["kinds"] == attrs["kinds"]
-    assert back.to_json() == dag.to_json()
+    assert view.to_json(back) == view.to_json(dag)
     assert "stream 1" in back._repr_html_()  # a snapshot displays like the live DAG
     with pytest.raises(ValueError, match="format"):
-        sp.StreamDAG.from_json('{"nodes": []}')
+        view.from_json('{"nodes": []}')
 
 
 def test_json_round_trip_after_pass():
     gm = _small()
     sp.run(gm)
     dag = sp.StreamDAG.from_graph(gm)
-    back = sp.StreamDAG.from_json(dag.to_json())
+    back = view.from_json(view.to_json(dag))
     assert back == view.data(dag)
     assert any(n["sync"] == "wait_event" for n in back.nodes)
 
 
 def test_regions(small):
     gm, dag = small
-    v = dag.view(stream=1)
+    v = view.region(dag, stream=1)
     on1 = set(dag.nodes_on(1))
     assert on1 <= set(v.nodes)
     assert all(dag.stream_of(x) == 1 or any(dag.nx.has_edge(x, y) or dag.nx.has_edge(y, x) for y in on1) for x in v.nodes)
-    near = dag.view(around="relu", depth=1)
+    near = view.region(dag, around="relu", depth=1)
     assert set(near.nodes) == {"relu", "add", "mm"}
     assert "within 1" in near.note
     with pytest.raises(KeyError):
-        dag.view(around="nope")
+        view.region(dag, around="nope")
     with pytest.raises(KeyError):
-        dag.view(stream=7)
+        view.region(dag, stream=7)
     assert "<svg" in near._repr_html_()
 
 
@@ -161,10 +162,10 @@ def test_big_graph_is_capped_and_says_what_was_left_out():
     t = time.perf_counter()
     page = dag._repr_html_()
     elapsed = time.perf_counter() - t
-    v = dag.view()
+    v = view.region(dag)
     assert len(v.nodes) == view.MAX_NODES
     assert v.left_out == len(dag.nx) - view.MAX_NODES - sum(1 for n in view.data(dag).nodes if n["role"] in ("alias", "subgraph"))
-    assert "left out" in v.note and "view(around=" in v.note
+    assert "left out" in v.note and "view.region(dag, around=" in v.note
     assert len(page) < 5_000_000
     assert elapsed < 60
     assert "<table" in page  # the per-stream summary covers the whole graph
@@ -234,6 +235,6 @@ def test_lanes_are_drawn_in_stream_order(seed):
 
 
 def test_moving_a_spline_bends_it_from_its_tail_to_its_head():
-    assert view._moved("1,2", 10) == "1,12.00"
-    assert view._moved("e,5,0 0,0 1,0 2,0", 0, 30) == "e,5,30.00 0,0.00 1,15.00 2,30.00"
-    assert view._moved("s,0,0 0,0 9,9", 4, 8) == "s,0,4.00 0,4.00 9,17.00"
+    assert render._moved("1,2", 10) == "1,12.00"
+    assert render._moved("e,5,0 0,0 1,0 2,0", 0, 30) == "e,5,30.00 0,0.00 1,15.00 2,30.00"
+    assert render._moved("s,0,0 0,0 9,9", 4, 8) == "s,0,4.00 0,4.00 9,17.00"

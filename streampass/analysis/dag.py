@@ -8,6 +8,7 @@ import networkx as nx
 import torch.fx
 
 from streampass import ops
+from streampass.analysis.hazards import find_hazards
 from streampass.analysis.reading import StreamAssignment, read_streams
 
 NodeRef = "torch.fx.Node | str"
@@ -87,6 +88,7 @@ class StreamDAG:
         self.slot, self.clock = vector_clocks(assignment)
         self._by_name = {n.name: n for n in assignment.nodes}
         self._nx: nx.DiGraph | None = None
+        self._hazards = None
 
     @property
     def nx(self) -> nx.DiGraph:
@@ -149,50 +151,13 @@ class StreamDAG:
         ]
 
     def hazards(self):
-        """The races of this graph (see :func:`streampass.analysis.verify`), computed once."""
-        if getattr(self, "_hazards", None) is None:
-            from streampass.analysis.verify import find_hazards
-
+        """The races of this graph (see :func:`streampass.analysis.verify.verify`), computed once."""
+        if self._hazards is None:
             self._hazards = find_hazards(self)
         return self._hazards
 
-    # -- views (implemented in streampass.view) --------------------------------------------
-    def to_dot(self, **kwargs) -> str:
-        """Graphviz DOT source: one cluster per stream, hazards in red (see streampass.view)."""
-        from streampass import view
-
-        return view.to_dot(self, **kwargs)
-
-    def to_json(self) -> str:
-        """Nodes, edges, streams and hazards as JSON; :meth:`from_json` reads it back."""
-        from streampass import view
-
-        return view.to_json(self)
-
-    @staticmethod
-    def from_json(text: str):
-        from streampass import view
-
-        return view.from_json(text)
-
-    def view(self, around=None, depth: int = 2, stream: int | None = None, **kwargs):
-        """A displayable view of part of the DAG (a node's neighbourhood, or one stream)."""
-        from streampass import view
-
-        return view.view(self, around=around, depth=depth, stream=stream, **kwargs)
-
-    def draw(self, path, **kwargs):
-        """Write a picture (PNG/SVG) of the DAG to ``path``."""
-        from streampass import view
-
-        return view.draw(self, path, **kwargs)
-
-    def _repr_svg_(self):
-        from streampass import view
-
-        return view.repr_svg(self)
-
-    def _repr_html_(self):
+    def _repr_html_(self) -> str:
+        """Jupyter's hook: the DAG drawn by :mod:`streampass.view` (the one place a DAG knows of views)."""
         from streampass import view
 
         return view.repr_html(self)

@@ -1,63 +1,130 @@
-"""What must happen before what: the ordering requirements that make a multi-stream graph race-free.
-
-Pure analysis over a :class:`~streampass.analysis.reading.StreamAssignment`. Each
-:class:`Requirement` says "``before`` must complete before ``after`` starts"; a requirement
-between nodes of different streams is a hazard unless happens-before holds. Kinds
-(DESIGN.md §2): ``raw``, ``war``, ``waw``, ``entry``, ``exit``; ``dealloc`` is about memory
-lifetime and is a :class:`CrossStreamValue` instead.
-"""
+"""Races: the ordering requirements (:mod:`streampass.analysis.requirements`) that a graph's
+syncs leave unmet, each described for a person. Works on a built :class:`~streampass.analysis.dag.StreamDAG`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 import torch.fx
 
 from streampass import ops
-from streampass.annotate import AMBIENT
-from streampass.analysis.reading import StreamAssignment
+from streampass.analysis.requirements import CrossStreamValue, Requirement, requirements
 
-Node = torch.fx.Node
+if TYPE_CHECKING:
+    from streampass.analysis.dag import StreamDAG
+
+KINDS = ("raw", "war", "waw", "entry", "exit", "dealloc")
 
 
 @dataclass(frozen=True)
-class Requirement:
-    """``before`` must complete on the device before ``after`` starts.
-
-    ``value`` is the tensor (its storage root) the two nodes share; ``kind`` says why. For a
-    side stream that must be joined at exit, ``value`` is None and ``before`` is its last node.
-    """
+class Hazard:
+    """One race: ``kind`` (one of ``KINDS``), the node names involved, and what can go wrong."""
 
     kind: str
-    before: Node
-    after: Node
-    value: Node | None = None
+    nodes: tuple[str, ...]
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] {self.message}"
 
 
-@dataclass
-class CrossStreamValue:
-    """A tensor made on one stream and read on others: its memory must not be reused early."""
+def _describe(req: Requirement, dag: StreamDAG) -> Hazard:
+    b, a, v = req.before, req.after, req.value
+    sb, sa = dag.stream_of(b), dag.stream_of(a)
+    val = v.name if v is not None else None
+    k = req.kind
+    if k == "raw":
+        msg = (
+            f"{a.name} on stream {sa} reads {val}, written by {b.name} on stream {sb}, with no wait for it: "
+            f"the GPU can run {a.name} before {b.name} has finished writing"
+        )
+    elif k == "entry":
+        msg = (
+            f"{a.name} on stream {sa} uses graph input {val} without waiting for the ambient stream: "
+            f"it can run before the caller's pending work on {val} finishes"
+        )
+    elif k == "war":
+        msg = (
+            f"{a.name} on stream {sa} overwrites {val} while {b.name} on stream {sb} may still be reading it: "
+            f"{b.name} can see the new values"
+        )
+    elif k == "waw":
+        msg = (
+            f"{a.name} on stream {sa} writes {val} without waiting for the earlier write by {b.name} "
+            f"on stream {sb}: the two writes can land in either order"
+        )
+    elif v is not None:
+        msg = (
+            f"output {val} is written by {b.name} on stream {sb} but the ambient stream never waits for it: "
+            f"the caller can read it before it is ready"
+        )
+    elif b in dag.assignment.syncs:
+        msg = (
+            f"stream {sb} issues {b.name} after its last join into the ambient stream: a CUDA-graph "
+            f"capture ends with stream {sb} un-joined"
+        )
+    else:
+        msg = (
+            f"stream {sb} (last node {b.name}) is not joined into the ambient stream before return: "
+            f"the caller can free or reuse memory that stream still uses"
+        )
+    return Hazard(k, (b.name, a.name), msg)
 
-    value: Node
-    stream: int
-    readers: dict[int, list[Node]] = field(default_factory=dict)  # stream -> its readers, in issue order
+
+def keepalive_waits(dag: StreamDAG) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """value root -> wait nodes that hold the value alive as an argument (deferred frees).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> _ = sp.run(gm)
+    >>> {v.name: len(ws) for v, ws in keepalive_waits(sp.StreamDAG.from_graph(gm)).items()}
+    {'x_1': 1, 'sin': 2}
+    """
+    a = dag.assignment
+    out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node, call in a.syncs.items():
+        if call.target is ops.SYNC_DEALLOC:
+            held = [call.args[2]]
+        elif call.target in (ops.WAIT_EVENT, ops.WAIT_STREAM) and call.wrapper is not None:
+            held = list(call.wrapper.args[2:])
+        else:
+            continue
+        for x in held:
+            if isinstance(x, torch.fx.Node):
+                out.setdefault(a.root[x], []).append(node)
+    return out
 
 
-def is_tensor_value(node: Node) -> bool:
-    """Whether ``node`` produces a tensor (or tensors), judged by its metadata; unknown: yes."""
-    val = node.meta.get("val", node.meta.get("example_value"))
-    if val is None:
-        return node.op != "output"  # unknown: assume a tensor (conservative)
-    if isinstance(val, torch.Tensor):
+def dealloc_safe(dag: StreamDAG, cv: CrossStreamValue, keepalive, recorded_streams) -> bool:
+    """Whether ``cv``'s memory cannot be reused by its stream while another stream reads it:
+    every reading stream has a ``record_stream`` for it, or a wait of its own stream that
+    follows all the reads holds it alive. Used by :func:`find_hazards` (the dealloc kind)."""
+    recorded = recorded_streams.get(cv.value, ())
+    if all(s in recorded for s in cv.readers):
         return True
-    if isinstance(val, (list, tuple)):
-        return any(isinstance(v, torch.Tensor) for v in val)
+    holders = keepalive.get(cv.value)
+    if not holders:
+        return False
+    # happens_before(r, k) for every reader r, on the clocks directly (hot on large graphs):
+    # readers are listed in issue order, so each stream's last reader is the one to check.
+    clock, slot = dag.clock, dag.slot
+    latest = [(slot[s], clock[rs[-1]][slot[s]]) for s, rs in cv.readers.items()]
+    stream = dag.assignment.stream
+    for k in holders:
+        ck = clock[k]
+        if stream[k] == cv.stream and all(ck[i] >= p for i, p in latest):
+            return True
     return False
 
 
-def reads_of(a: StreamAssignment, node: Node) -> list[Node]:
-    """The tensor values ``node`` reads on the device (storage roots, deduplicated).
+def find_hazards(dag: StreamDAG, reqs=None) -> list[Hazard]:
+    """Hazards of an already-built DAG, in graph order of the later node.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -66,134 +133,37 @@ def reads_of(a: StreamAssignment, node: Node) -> list[Node]:
     ...         y = x.sin()
     ...     return y + x.cos()
     >>> gm = make_fx(f)(torch.ones(4))
-    >>> a = sp.read_streams(gm)
-    >>> add = next(n for n in a.nodes if n.name == "add")
-    >>> [r.name for r in reads_of(a, add)]
-    ['sin', 'cos']
+    >>> [h.kind for h in find_hazards(sp.StreamDAG.from_graph(gm))]
+    ['entry', 'raw', 'exit', 'dealloc']
+
+    ``reqs``: the ``(requirements, values)`` of :func:`streampass.analysis.requirements.requirements` for
+    this DAG's assignment, if the caller already has them.
     """
-    if node in a.syncs or not (a.is_compute(node) or node.op == "output"):
-        return []
-    return _read_roots(node, a.root, {})
-
-
-def _read_roots(node: Node, root: dict[Node, Node], tensor: dict[Node, bool]) -> list[Node]:
-    """:func:`reads_of` without its checks on ``node``; ``tensor`` caches is_tensor_value."""
-    out: list[Node] = []
-    for inp in ops.input_nodes(node):
-        t = tensor.get(inp)
-        if t is None:
-            t = tensor[inp] = inp.target is not ops.CONTROL_DEPS and is_tensor_value(inp)
-        if t:
-            r = root[inp]
-            if r not in out:
-                out.append(r)
-    return out
-
-
-def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
-    """Storage roots ``node`` overwrites in place (from its schema).
-
-    >>> import torch, streampass as sp
-    >>> from torch.fx.experimental.proxy_tensor import make_fx
-    >>> gm = make_fx(lambda x: x.t().add_(1))(torch.ones(2, 2))
-    >>> a = sp.read_streams(gm)
-    >>> [(n.name, [r.name for r in writes_of(a, n)]) for n in a.nodes if writes_of(a, n)]
-    [('add_', ['x_1'])]
-    """
-    if not a.is_compute(node):
-        return []
-    out = []
-    for i in ops.mutated_arg_positions(node):
-        schema_arg = node.target._schema.arguments[i]
-        arg = node.args[i] if i < len(node.args) else node.kwargs.get(schema_arg.name)
-        for x in arg if isinstance(arg, (list, tuple)) else [arg]:
-            if isinstance(x, torch.fx.Node) and a.root[x] not in out:
-                out.append(a.root[x])
-    return out
-
-
-def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStreamValue]]:
-    """Every cross-stream ordering the graph needs, and every value read across streams.
-
-    Only pairs on different streams are returned: a stream runs its own work in order.
-
-    >>> import torch, streampass as sp
-    >>> from torch.fx.experimental.proxy_tensor import make_fx
-    >>> def f(x):
-    ...     with sp.stream(1):
-    ...         y = x.sin()
-    ...     return y + x.cos()
-    >>> gm = make_fx(f)(torch.ones(4))
-    >>> reqs, values = requirements(sp.read_streams(gm))
-    >>> sorted((r.kind, r.before.name, r.after.name) for r in reqs)
-    [('entry', 'x_1', 'sin'), ('exit', 'sin', 'output'), ('raw', 'sin', 'add')]
-    >>> [(v.value.name, v.stream, sorted(v.readers)) for v in values]
-    [('sin', 1, [0])]
-    """
-    reqs: list[Requirement] = []
-    # Only storages something writes ever get a writer other than their maker; everything
-    # else is "written" by the node that made it (or is an input), hence get(r, r).
-    last_writer: dict[Node, Node] = {}
-    cross: dict[Node, CrossStreamValue] = {}
-    last_on: dict[int, Node] = {}
-    s_of, root, compute = a.stream, a.root, a.compute
-    made_by = a.producer  # a storage no node writes was written by the kernel that made it
-    tensor: dict[Node, bool] = {}  # is_tensor_value, once per node
-
-    # A functional graph writes nothing: only track reads for the storages some node writes.
-    writes = {n: writes_of(a, n) for n in compute if _writes_anything(n)}
-    reads_since_write: dict[Node, list[Node]] = {r: [] for ws in writes.values() for r in ws}
-
-    def reads(node: Node) -> list[Node]:
-        return _read_roots(node, root, tensor)
-
-    for node in a.nodes:
-        if node not in compute:
-            call = a.syncs.get(node)
-            if call is not None and call.target not in ops.HOST_SIDE_OPS:
-                # a record or wait on a side stream must be joined at exit too: a CUDA-graph
-                # capture fails on a stream that issues work after its last join
-                last_on[s_of[node]] = node
-            if node.op == "output":
-                s = s_of[node]
-                for r in reads(node):
-                    w = last_writer.get(r) or made_by.get(r, r)
-                    if s_of[w] != s:
-                        reqs.append(Requirement("exit", w, node, r))
-                for t, last in last_on.items():
-                    if t != AMBIENT:
-                        reqs.append(Requirement("exit", last, node, None))
-            continue
-        s = s_of[node]
-        last_on[s] = node
-        mine = writes.get(node, ())
-        for r in reads(node):
-            if r in mine:
-                continue
-            w = last_writer.get(r) or made_by.get(r, r)
-            if s_of[w] != s:
-                reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r))
-            if r in reads_since_write:
-                reads_since_write[r].append(node)
-            if s_of[r] != s and r.op == "call_function":
-                cv = cross.get(r)
-                if cv is None:
-                    cv = cross[r] = CrossStreamValue(r, s_of[r])
-                cv.readers.setdefault(s, []).append(node)
-        for r in mine:
-            w = last_writer.get(r) or made_by.get(r, r)
-            if s_of[w] != s:
-                reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "waw", w, node, r))
-            for reader in reads_since_write[r]:
-                if s_of[reader] != s:
-                    reqs.append(Requirement("war", reader, node, r))
-            reads_since_write[r] = []
-            last_writer[r] = node
-
-    outputs = {root[x] for n in a.nodes if n.op == "output" for x in ops.input_nodes(n)}
-    values = [c for v, c in cross.items() if v not in outputs]
-    return reqs, values
-
-
-def _writes_anything(node: Node) -> bool:
-    return bool(ops.mutated_arg_positions(node))
+    a = dag.assignment
+    reqs, values = reqs if reqs is not None else requirements(a)
+    # not happens_before(r.before, r.after), on the clocks directly (hot on large graphs)
+    clock, slot, stream = dag.clock, dag.slot, a.stream
+    found = []
+    for r in reqs:
+        b = r.before
+        i = slot[stream[b]]
+        if b is r.after or clock[r.after][i] < clock[b][i]:
+            found.append(_describe(r, dag))
+    keep = keepalive_waits(dag)
+    recorded: dict[torch.fx.Node, set[int]] = {}
+    for call in a.syncs.values():
+        if call.target is ops.RECORD_STREAM and isinstance(call.args[0], torch.fx.Node):
+            recorded.setdefault(a.root[call.args[0]], set()).add(call.args[1])
+    for cv in values:
+        if not dealloc_safe(dag, cv, keep, recorded):
+            s, readers = next(iter(cv.readers.items()))
+            found.append(
+                Hazard(
+                    "dealloc",
+                    (cv.value.name, readers[-1].name),
+                    f"{cv.value.name} is allocated on stream {cv.stream} and read by {readers[-1].name} on "
+                    f"stream {s}; once freed, the caching allocator can give its memory to new work on "
+                    f"stream {cv.stream} while stream {s} still reads it",
+                )
+            )
+    return found

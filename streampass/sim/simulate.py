@@ -37,7 +37,7 @@ import torch.fx
 from streampass import ops
 from streampass.annotate import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
-from streampass.analysis.hazards import is_tensor_value, reads_of, writes_of
+from streampass.analysis.requirements import is_tensor_value, reads_of, writes_of
 from streampass.analysis.reading import StreamAssignment, read_streams
 
 __all__ = ["Slot", "Race", "Schedule", "simulate"]
@@ -385,7 +385,7 @@ def _run(items: list[_Item], streams: list[int]) -> float:
 def _dependencies(a: StreamAssignment) -> list[tuple[str, Node, Node]]:
     """Every ordering the program needs, same stream or not: (kind, before, after).
 
-    Like :func:`streampass.analysis.hazards.requirements` without the cross-stream filter: a read
+    Like :func:`streampass.analysis.requirements.requirements` without the cross-stream filter: a read
     depends on the last write of its storage (raw), a write on the last write (waw) and on
     the reads since (war); the output on the last write of every value it returns (exit).
     Views, getitems and control_deps passthroughs are looked through (storage roots), and the

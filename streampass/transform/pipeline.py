@@ -15,10 +15,11 @@ from streampass.transform import snapshot
 from streampass.transform.apply import apply_plan
 from streampass.analysis.dag import StreamDAG
 from streampass.errors import StreamPassError
-from streampass.analysis.hazards import requirements
+from streampass.analysis.requirements import requirements
 from streampass.transform.plan import SyncPlan, plan_syncs
 from streampass.analysis.reading import read_streams
-from streampass.analysis.verify import Report, find_hazards
+from streampass.analysis.verify import Report
+from streampass.analysis.hazards import find_hazards
 
 
 @dataclass

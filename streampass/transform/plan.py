@@ -2,7 +2,7 @@
 
 The planner walks the graph in issue order with one vector clock per stream (as
 :mod:`streampass.analysis.dag` does), honouring the syncs the graph already has. A *demand* is a
-point with ordering requirements (:mod:`streampass.analysis.hazards`) that happens-before does not
+point with ordering requirements (:mod:`streampass.analysis.requirements`) that happens-before does not
 yet imply: a node reading another stream's value, the output (exit), or the free point of
 a value read on another stream (dealloc).
 
@@ -35,7 +35,7 @@ from streampass import ops
 from streampass.annotate import AMBIENT, MAX_INDEX
 from streampass.errors import StreamPassError
 from streampass.analysis.dag import vector_clocks
-from streampass.analysis.hazards import CrossStreamValue, requirements
+from streampass.analysis.requirements import CrossStreamValue, requirements
 from streampass.analysis.reading import StreamAssignment
 
 Node = torch.fx.Node
@@ -652,7 +652,7 @@ def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan
 
     ``dealloc=False`` leaves out the free points (the waits that defer frees of values read
     on other streams), to count the ordering waits alone. ``reqs``: the graph's
-    :func:`~streampass.analysis.hazards.requirements`, if already computed.
+    :func:`~streampass.analysis.requirements.requirements`, if already computed.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx

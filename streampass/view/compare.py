@@ -57,7 +57,9 @@ class AddedSync:
         else:
             s = f"{self.op} on stream {self.stream}"
         if self.protects:
-            shown = ", ".join(self.protects[:6]) + (f", … {len(self.protects) - 6} more" if len(self.protects) > 6 else "")
+            shown = ", ".join(self.protects[:6]) + (
+                f", … {len(self.protects) - 6} more" if len(self.protects) > 6 else ""
+            )
             s += f"; orders before: {shown}"
         return s
 
@@ -99,7 +101,11 @@ class Comparison:
 
     def __str__(self) -> str:
         lines = [self.summary(), f"nodes: {self.nodes_before} -> {self.nodes_after}"]
-        for title, items in (("records added", self.records), ("waits added", self.waits), ("other syncs added", self.other)):
+        for title, items in (
+            ("records added", self.records),
+            ("waits added", self.waits),
+            ("other syncs added", self.other),
+        ):
             if items:
                 lines.append(f"{title}:")
                 lines += [f"  {x.node}: {x.describe()}" for x in items]
@@ -115,7 +121,8 @@ class Comparison:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        from streampass.view import _wrap, hazard_table
+        from streampass.view.html import wrap_page
+        from streampass.view.tables import hazard_table
 
         def rows(items: list[AddedSync]) -> str:
             if not items:
@@ -153,10 +160,12 @@ class Comparison:
         else:
             parts.append(f"<h4>Hazards that went away ({len(self.fixed)})</h4>{hazard_table(self.fixed)}")
         if self.introduced:
-            parts.append(f'<h4 class="sp-bad">Hazards that appeared ({len(self.introduced)})</h4>{hazard_table(self.introduced)}')
+            parts.append(
+                f'<h4 class="sp-bad">Hazards that appeared ({len(self.introduced)})</h4>{hazard_table(self.introduced)}'
+            )
         if self.hazards_after and not self.introduced:
             parts.append(f"<h4>Hazards that remain ({len(self.hazards_after)})</h4>{hazard_table(self.hazards_after)}")
-        return _wrap("".join(parts))
+        return wrap_page("".join(parts))
 
 
 def _dag(g) -> StreamDAG:
@@ -204,7 +213,11 @@ def compare(before, after) -> Comparison:
         if a.is_compute(n) or n.op == "placeholder":
             last[s] = n.name
 
-    cmp = Comparison(streams=list(da.streams), nodes_before=len(db.assignment.nodes), nodes_after=len(a.nodes))
+    cmp = Comparison(
+        streams=list(da.streams),
+        nodes_before=len(db.assignment.nodes),
+        nodes_after=len(a.nodes),
+    )
     for n in a.nodes:
         call = a.syncs.get(n)
         if call is None or n.name in before_syncs or call.target in (ops.FORK, ops.JOIN):

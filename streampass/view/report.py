@@ -12,7 +12,12 @@ import datetime
 import html
 from pathlib import Path
 
-from streampass import view as _view
+from streampass.view.data import data
+from streampass.view.html import CSS, inline_svg, legend_html
+from streampass.view.notebook import region
+from streampass.view.schedule import schedule_svg
+from streampass.view.style import MAX_NODES
+from streampass.view.tables import hazard_table, summary_table
 
 
 def _section(title: str, body: str, anchor: str) -> str:
@@ -20,15 +25,15 @@ def _section(title: str, body: str, anchor: str) -> str:
 
 
 def _dag_body(dag, max_nodes: int, engine: str) -> str:
-    d = _view.data(dag)
-    v = _view.view(d, max_nodes=max_nodes, engine=engine)
+    d = data(dag)
+    v = region(d, max_nodes=max_nodes, engine=engine)
     return (
-        _view.summary_table(d)
+        summary_table(d)
         + f"<h3>Hazards ({len(d.hazards)})</h3>"
-        + _view.hazard_table(d.hazards)
+        + hazard_table(d.hazards)
         + "<h3>Drawing</h3>"
-        + _view.legend_html()
-        + f'<div class="sp-svg">{_view.inline_svg(v.svg())}</div>'
+        + legend_html()
+        + f'<div class="sp-svg">{inline_svg(v.svg())}</div>'
     )
 
 
@@ -43,7 +48,7 @@ def _schedule_body(gm, cost: str) -> str | None:
         return f"<p>simulation unavailable for this graph: {html.escape(str(e))}</p>"
     return (
         f'<p class="sp-note">{html.escape(sched.summary())}</p>'
-        f'<div class="sp-svg">{_view.inline_svg(_view.schedule_svg(sched, caption=False))}</div>'
+        f'<div class="sp-svg">{inline_svg(schedule_svg(sched, caption=False))}</div>'
     )
 
 
@@ -63,7 +68,7 @@ def build_report(
     lines: list[str] | None = None,
     cost: str = "h100",
     schedule: bool = True,
-    max_nodes: int = _view.MAX_NODES,
+    max_nodes: int = MAX_NODES,
     engine: str = "auto",
 ) -> str:
     """The report as one HTML string.
@@ -118,11 +123,13 @@ def build_report(
 
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>{html.escape(title)}</title><style>{PAGE_CSS}{_view.CSS}</style></head>"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{PAGE_CSS}{CSS}</style></head>"
         f'<body><div class="sp-root"><h1>{html.escape(title)}</h1>'
         f'<p class="meta">streampass {__version__}, {stamp}. Hover over red nodes and edges for what can go wrong.</p>'
-        "<nav>" + "".join(f'<a href="#{a}">{html.escape(t)}</a>' for a, t in nav) + "</nav>"
+        "<nav>"
+        + "".join(f'<a href="#{a}">{html.escape(t)}</a>' for a, t in nav)
+        + "</nav>"
         + "".join(sections)
         + "</div></body></html>\n"
     )

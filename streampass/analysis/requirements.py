@@ -1,0 +1,199 @@
+"""What must happen before what: the ordering requirements that make a multi-stream graph race-free.
+
+Pure analysis over a :class:`~streampass.analysis.reading.StreamAssignment`. Each
+:class:`Requirement` says "``before`` must complete before ``after`` starts"; a requirement
+between nodes of different streams is a hazard unless happens-before holds. Kinds
+(DESIGN.md §2): ``raw``, ``war``, ``waw``, ``entry``, ``exit``; ``dealloc`` is about memory
+lifetime and is a :class:`CrossStreamValue` instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from streampass import ops
+from streampass.annotate import AMBIENT
+from streampass.analysis.reading import StreamAssignment
+
+Node = torch.fx.Node
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """``before`` must complete on the device before ``after`` starts.
+
+    ``value`` is the tensor (its storage root) the two nodes share; ``kind`` says why. For a
+    side stream that must be joined at exit, ``value`` is None and ``before`` is its last node.
+    """
+
+    kind: str
+    before: Node
+    after: Node
+    value: Node | None = None
+
+
+@dataclass
+class CrossStreamValue:
+    """A tensor made on one stream and read on others: its memory must not be reused early."""
+
+    value: Node
+    stream: int
+    readers: dict[int, list[Node]] = field(default_factory=dict)  # stream -> its readers, in issue order
+
+
+def is_tensor_value(node: Node) -> bool:
+    """Whether ``node`` produces a tensor (or tensors), judged by its metadata; unknown: yes."""
+    val = node.meta.get("val", node.meta.get("example_value"))
+    if val is None:
+        return node.op != "output"  # unknown: assume a tensor (conservative)
+    if isinstance(val, torch.Tensor):
+        return True
+    if isinstance(val, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) for v in val)
+    return False
+
+
+def reads_of(a: StreamAssignment, node: Node) -> list[Node]:
+    """The tensor values ``node`` reads on the device (storage roots, deduplicated).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> a = sp.read_streams(gm)
+    >>> add = next(n for n in a.nodes if n.name == "add")
+    >>> [r.name for r in reads_of(a, add)]
+    ['sin', 'cos']
+    """
+    if node in a.syncs or not (a.is_compute(node) or node.op == "output"):
+        return []
+    return _read_roots(node, a.root, {})
+
+
+def _read_roots(node: Node, root: dict[Node, Node], tensor: dict[Node, bool]) -> list[Node]:
+    """:func:`reads_of` without its checks on ``node``; ``tensor`` caches is_tensor_value."""
+    out: list[Node] = []
+    for inp in ops.input_nodes(node):
+        t = tensor.get(inp)
+        if t is None:
+            t = tensor[inp] = inp.target is not ops.CONTROL_DEPS and is_tensor_value(inp)
+        if t:
+            r = root[inp]
+            if r not in out:
+                out.append(r)
+    return out
+
+
+def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
+    """Storage roots ``node`` overwrites in place (from its schema).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> gm = make_fx(lambda x: x.t().add_(1))(torch.ones(2, 2))
+    >>> a = sp.read_streams(gm)
+    >>> [(n.name, [r.name for r in writes_of(a, n)]) for n in a.nodes if writes_of(a, n)]
+    [('add_', ['x_1'])]
+    """
+    if not a.is_compute(node):
+        return []
+    out = []
+    for i in ops.mutated_arg_positions(node):
+        schema_arg = node.target._schema.arguments[i]
+        arg = node.args[i] if i < len(node.args) else node.kwargs.get(schema_arg.name)
+        for x in arg if isinstance(arg, (list, tuple)) else [arg]:
+            if isinstance(x, torch.fx.Node) and a.root[x] not in out:
+                out.append(a.root[x])
+    return out
+
+
+def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStreamValue]]:
+    """Every cross-stream ordering the graph needs, and every value read across streams.
+
+    Only pairs on different streams are returned: a stream runs its own work in order.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> reqs, values = requirements(sp.read_streams(gm))
+    >>> sorted((r.kind, r.before.name, r.after.name) for r in reqs)
+    [('entry', 'x_1', 'sin'), ('exit', 'sin', 'output'), ('raw', 'sin', 'add')]
+    >>> [(v.value.name, v.stream, sorted(v.readers)) for v in values]
+    [('sin', 1, [0])]
+    """
+    reqs: list[Requirement] = []
+    # Only storages something writes ever get a writer other than their maker; everything
+    # else is "written" by the node that made it (or is an input), hence get(r, r).
+    last_writer: dict[Node, Node] = {}
+    cross: dict[Node, CrossStreamValue] = {}
+    last_on: dict[int, Node] = {}
+    s_of, root, compute = a.stream, a.root, a.compute
+    made_by = a.producer  # a storage no node writes was written by the kernel that made it
+    tensor: dict[Node, bool] = {}  # is_tensor_value, once per node
+
+    # A functional graph writes nothing: only track reads for the storages some node writes.
+    writes = {n: writes_of(a, n) for n in compute if _writes_anything(n)}
+    reads_since_write: dict[Node, list[Node]] = {r: [] for ws in writes.values() for r in ws}
+
+    def reads(node: Node) -> list[Node]:
+        return _read_roots(node, root, tensor)
+
+    for node in a.nodes:
+        if node not in compute:
+            call = a.syncs.get(node)
+            if call is not None and call.target not in ops.HOST_SIDE_OPS:
+                # a record or wait on a side stream must be joined at exit too: a CUDA-graph
+                # capture fails on a stream that issues work after its last join
+                last_on[s_of[node]] = node
+            if node.op == "output":
+                s = s_of[node]
+                for r in reads(node):
+                    w = last_writer.get(r) or made_by.get(r, r)
+                    if s_of[w] != s:
+                        reqs.append(Requirement("exit", w, node, r))
+                for t, last in last_on.items():
+                    if t != AMBIENT:
+                        reqs.append(Requirement("exit", last, node, None))
+            continue
+        s = s_of[node]
+        last_on[s] = node
+        mine = writes.get(node, ())
+        for r in reads(node):
+            if r in mine:
+                continue
+            w = last_writer.get(r) or made_by.get(r, r)
+            if s_of[w] != s:
+                reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r))
+            if r in reads_since_write:
+                reads_since_write[r].append(node)
+            if s_of[r] != s and r.op == "call_function":
+                cv = cross.get(r)
+                if cv is None:
+                    cv = cross[r] = CrossStreamValue(r, s_of[r])
+                cv.readers.setdefault(s, []).append(node)
+        for r in mine:
+            w = last_writer.get(r) or made_by.get(r, r)
+            if s_of[w] != s:
+                reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "waw", w, node, r))
+            for reader in reads_since_write[r]:
+                if s_of[reader] != s:
+                    reqs.append(Requirement("war", reader, node, r))
+            reads_since_write[r] = []
+            last_writer[r] = node
+
+    outputs = {root[x] for n in a.nodes if n.op == "output" for x in ops.input_nodes(n)}
+    values = [c for v, c in cross.items() if v not in outputs]
+    return reqs, values
+
+
+def _writes_anything(node: Node) -> bool:
+    return bool(ops.mutated_arg_positions(node))
