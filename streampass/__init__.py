@@ -28,7 +28,7 @@ _EXPORTS = {
     "RunResult": "transform.pipeline",
     "run": "transform.pipeline",
     "SyncPlan": "transform.plan",
-    "plan_syncs": "transform.plan",
+    "plan_syncs": "transform.planner",
     "StreamAssignment": "analysis.reading",
     "read_streams": "analysis.reading",
     "execute": "runtime",

@@ -8,21 +8,7 @@ from collections.abc import Iterator
 import torch
 from torch.fx import traceback as fx_traceback
 
-from streampass.errors import StreamPassError
-
-AMBIENT = 0
-MAX_INDEX = 2**63 - 1  # the stream ops take SymInt: an int64
-
-
-def check_stream_index(k: object, node: str | None = None) -> int:
-    """``k`` as a stream index, or a :class:`StreamPassError` saying why it is not one."""
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise StreamPassError(f"stream index must be an int, got {k!r} ({type(k).__name__})", node)
-    if k < 0:
-        raise StreamPassError(f"stream index must be >= 0, got {k}", node)
-    if k > MAX_INDEX:
-        raise StreamPassError(f"stream index {k} does not fit in the int64 the stream ops take (max {MAX_INDEX})", node)
-    return k
+from streampass.ops import check_stream_index
 
 
 def stream(k: int):

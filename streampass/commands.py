@@ -19,8 +19,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from streampass import annotate
 from streampass.analysis.dag import StreamDAG
 from streampass.errors import StreamPassError
-from streampass.transform.pipeline import run
 from streampass.runtime import run_serial
+from streampass.transform.pipeline import run
 
 
 class UsageError(Exception):

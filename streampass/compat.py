@@ -205,17 +205,6 @@ def registered_object(index: int):
     return ref() if ref is not None else None
 
 
-def graph_device_types(gm: torch.fx.GraphModule) -> set[str]:
-    """Device types of the tensor values recorded in ``gm``'s node metadata."""
-    out = set()
-    for n in gm.graph.nodes:
-        val = n.meta.get("val")
-        for v in val if isinstance(val, (list, tuple)) else [val]:
-            if isinstance(v, torch.Tensor):
-                out.add(v.device.type)
-    return out
-
-
 @functools.cache
 def _guarded_sync_deallocations():
     from torch._functorch._aot_autograd import graph_capture
@@ -223,7 +212,9 @@ def _guarded_sync_deallocations():
     original = graph_capture.sync_deallocations
 
     def sync_deallocations(gm: torch.fx.GraphModule) -> None:
-        if graph_device_types(gm) <= {"cpu"}:
+        from streampass import values  # values imports ops, which imports this module
+
+        if {d.type for d in values.graph_devices(gm)} <= {"cpu"}:
             # torch's version estimates kernel times with triton and inserts record_stream,
             # which CPU has neither of; streampass plans CPU deallocations itself.
             return None

@@ -30,9 +30,10 @@ import torch
 import torch.fx
 from torch._dynamo import graph_bytecode_inputs as table
 
-from streampass.annotate import AMBIENT
-from streampass.transform.plan import EVENT_BASE
+from streampass import values
 from streampass.analysis.reading import read_streams
+from streampass.ops import AMBIENT
+from streampass.transform.plan import EVENT_BASE
 
 
 class NoOpEvent(torch.Event):
@@ -148,21 +149,6 @@ def install_object_fallback() -> None:
     streams.get_external_object_by_index = lookup
 
 
-def graph_device(gm: torch.fx.GraphModule) -> torch.device:
-    """The device of the first tensor value in the graph's metadata (CPU if none is known).
-
-    >>> import torch
-    >>> from torch.fx.experimental.proxy_tensor import make_fx
-    >>> graph_device(make_fx(torch.sin)(torch.ones(2, device="meta")))
-    device(type='meta')
-    """
-    for n in gm.graph.nodes:
-        val = n.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            return val.device
-    return torch.device("cpu")
-
-
 class StreamTable:
     """The objects one graph's stream and event indices stand for.
 
@@ -188,7 +174,7 @@ class StreamTable:
 
     @classmethod
     def for_graph(cls, gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> StreamTable:
-        device = torch.device(device) if device is not None else graph_device(gm)
+        device = torch.device(device) if device is not None else values.graph_device(gm)
         a = read_streams(gm, external_events=_external(gm))
         if device.type == "cpu" or device.type == "meta":
             streams = {s: NoOpStream("cpu") for s in a.streams}

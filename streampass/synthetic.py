@@ -14,7 +14,7 @@ import random
 import torch
 import torch.fx
 
-from streampass import ops
+from streampass import ops, values
 
 aten = torch.ops.aten
 _BINARY = [aten.mul.Tensor, aten.maximum.default, aten.minimum.default]
@@ -165,7 +165,7 @@ def _random_op(g, rng, values, inputs, inplace, matmul, size, views=0.0, multi_o
 
 
 def _storage(node: torch.fx.Node) -> torch.fx.Node:
-    while (src := ops.aliases_input(node)) is not None:
+    while (src := values.aliases_input(node)) is not None:
         node = src
     return node
 

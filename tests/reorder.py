@@ -7,7 +7,7 @@ import random
 import torch
 import torch.fx
 
-from streampass import ops
+from streampass import values
 
 
 def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch.fx.Node]]:
@@ -18,13 +18,13 @@ def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch
     """
     root: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in nodes:
-        src = ops.aliases_input(n)
+        src = values.aliases_input(n)
         root[n] = root.get(src, src) if src is not None else n
     extra: dict[torch.fx.Node, set[torch.fx.Node]] = {n: set() for n in nodes}
     accesses: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     last_write: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in nodes:
-        written = {root[n.args[i]] for i in ops.mutated_arg_positions(n) if isinstance(n.args[i], torch.fx.Node)}
+        written = {root[n.args[i]] for i in values.mutated_arg_positions(n) if isinstance(n.args[i], torch.fx.Node)}
         for inp in n.all_input_nodes:
             r = root[inp]
             if r in last_write and last_write[r] is not n:

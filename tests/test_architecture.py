@@ -79,7 +79,7 @@ def test_analysis_imports_nothing_above_it(mod):
         for target, _, _, func in _imports(MODULES[mod])
         if target.startswith(above) and func != "_repr_html_"
     ]
-    assert bad == []
+    assert not bad, "\n".join(bad)
 
 
 def test_no_private_name_imported_across_modules():
@@ -89,25 +89,39 @@ def test_no_private_name_imported_across_modules():
         for target, name, _, _ in _imports(path)
         if name and name.startswith("_") and not name.startswith("__")
     ]
-    assert bad == []
+    assert not bad, "\n".join(bad)
+
+
+#: functions outside MAY_EDIT that call FX's editing API on a graph they built themselves
+OWN_GRAPHS = {"ops.py": {"_inputs_dict_is_kept"}}  # probes which input-node dict this FX keeps
 
 
 def test_only_transform_and_runtime_edit_graphs():
     bad = []
-    for mod, path in MODULES.items():
+    for path in MODULES.values():
         rel = path.relative_to(PACKAGE).as_posix()
         if rel.startswith(MAY_EDIT):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        skipped = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef) and f.name in OWN_GRAPHS.get(rel, ())
+            for n in ast.walk(f)
+        }
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
             if isinstance(node, ast.Attribute) and node.attr in EDITS and isinstance(node.ctx, ast.Load):
                 bad.append(f"{rel}:{node.lineno} .{node.attr}")
             elif isinstance(node, ast.Assign):
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and t.attr in ("args", "kwargs", "target", "meta"):
                         bad.append(f"{rel}:{node.lineno} sets .{t.attr}")
-    assert bad == []
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize("mod", list(MODULES))
 def test_module_size(mod):
-    assert len(MODULES[mod].read_text().splitlines()) <= MAX_LINES
+    lines = len(MODULES[mod].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{mod}: {lines} lines"

@@ -14,7 +14,6 @@ import torch
 import torch._dynamo
 import torch._inductor.config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
-
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp

@@ -15,14 +15,13 @@ import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from conftest import reserve_stream_indices, wrap_syncs_in_control_deps
-
 import streampass as sp
 import streampass.inductor as spi
-from streampass import compat
+from streampass import compat, ops
 from streampass.compat import post_grad_config
-from streampass import ops
-from streampass.annotate import AMBIENT
+from streampass.ops import AMBIENT
+
+from conftest import reserve_stream_indices, wrap_syncs_in_control_deps
 
 # --------------------------------------------------------------------------------------------
 # Scenarios: each takes ``ctx(k)``, the way a block says "run on stream k".

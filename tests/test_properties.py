@@ -8,7 +8,6 @@ import operator
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reorder import random_topological_copy
 
 import streampass as sp
 from streampass import ops
@@ -16,6 +15,8 @@ from streampass.analysis.capture import unjoined
 from streampass.analysis.requirements import requirements
 from streampass.runtime import run_serial
 from streampass.synthetic import random_inputs, random_stream_graph
+
+from reorder import random_topological_copy
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GraphBuilder, aten, wrap_syncs_in_control_deps
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass import ops
 from streampass.compat import cpu_safe_aot
+
+from conftest import GraphBuilder, aten, wrap_syncs_in_control_deps
 
 
 def streams_by_name(gm):

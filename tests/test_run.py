@@ -6,15 +6,16 @@ import copy
 
 import pytest
 import torch
-from conftest import GraphBuilder, aten
-from reorder import random_topological_copy
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.tools_common import legalize_graph
 
 import streampass as sp
 from streampass import ops
-from streampass.synthetic import random_stream_graph
 from streampass.runtime import run_serial
+from streampass.synthetic import random_stream_graph
+
+from conftest import GraphBuilder, aten
+from reorder import random_topological_copy
 
 
 def branches(x, w):

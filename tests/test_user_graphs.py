@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass import ops, runtime
-from streampass.annotate import MAX_INDEX
+from streampass.ops import MAX_INDEX
 from streampass.transform.plan import EVENT_BASE
 
 aten = torch.ops.aten

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GraphBuilder, aten
 
 import streampass as sp
 from streampass import ops
+
+from conftest import GraphBuilder, aten
 
 
 def kinds(gm, **kw):

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 import torch.fx
 
 from streampass import ops
-from streampass.annotate import AMBIENT
 from streampass.analysis.dag import vector_clocks
 from streampass.analysis.reading import read_streams
+from streampass.ops import AMBIENT
 
 
 def unjoined(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()) -> list[str]:

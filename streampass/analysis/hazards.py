@@ -101,6 +101,15 @@ def keepalive_waits(dag: StreamDAG) -> dict[torch.fx.Node, list[torch.fx.Node]]:
     return out
 
 
+def recorded_streams(a) -> dict[torch.fx.Node, set[int]]:
+    """value root -> the streams a ``record_stream`` of the graph marks it as used on."""
+    recorded: dict[torch.fx.Node, set[int]] = {}
+    for call in a.syncs.values():
+        if call.target is ops.RECORD_STREAM and isinstance(call.args[0], torch.fx.Node):
+            recorded.setdefault(a.root[call.args[0]], set()).add(call.args[1])
+    return recorded
+
+
 def dealloc_safe(dag: StreamDAG, cv: CrossStreamValue, keepalive, recorded_streams) -> bool:
     """Whether ``cv``'s memory cannot be reused by its stream while another stream reads it:
     every reading stream has a ``record_stream`` for it, or a wait of its own stream that
@@ -150,10 +159,7 @@ def find_hazards(dag: StreamDAG, reqs=None) -> list[Hazard]:
         if b is r.after or clock[r.after][i] < clock[b][i]:
             found.append(_describe(r, dag))
     keep = keepalive_waits(dag)
-    recorded: dict[torch.fx.Node, set[int]] = {}
-    for call in a.syncs.values():
-        if call.target is ops.RECORD_STREAM and isinstance(call.args[0], torch.fx.Node):
-            recorded.setdefault(a.root[call.args[0]], set()).add(call.args[1])
+    recorded = recorded_streams(a)
     for cv in values:
         if not dealloc_safe(dag, cv, keep, recorded):
             s, readers = next(iter(cv.readers.items()))

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from streampass import ops
-from streampass.annotate import AMBIENT, MAX_INDEX, check_stream_index
+from streampass import ops, values
 from streampass.errors import StreamPassError
+from streampass.ops import AMBIENT, MAX_INDEX, check_stream_index
 
 
 @dataclass
@@ -167,7 +167,7 @@ def read_streams(
                 if call.target in _OTHER_STREAM_ARG:
                     named.add(call.args[_OTHER_STREAM_ARG[call.target]])
                 continue
-        src = ops.aliases_input(node) if op == "call_function" else None
+        src = values.aliases_input(node) if op == "call_function" else None
         root[node] = root.get(src, src) if src is not None else node
         annotated = _annotated_stream(node)
         if op in ("placeholder", "get_attr", "output"):
@@ -184,7 +184,7 @@ def read_streams(
             # nothing, and the op's kernel is what writes it.
             if src is None:
                 producer[node] = producer.get(node.args[0], node.args[0])
-        elif op == "call_function" and ops.is_view(node):
+        elif op == "call_function" and values.is_view(node):
             pass  # metadata only: its readers read the source's storage (root), nothing runs
         elif target is not control_deps:
             compute.append(node)

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from streampass import ops
-from streampass.annotate import AMBIENT
+from streampass import ops, values
 from streampass.analysis.reading import StreamAssignment
+from streampass.ops import AMBIENT
 
 Node = torch.fx.Node
 
@@ -103,7 +103,7 @@ def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
     if not a.is_compute(node):
         return []
     out = []
-    for i in ops.mutated_arg_positions(node):
+    for i in values.mutated_arg_positions(node):
         schema_arg = node.target._schema.arguments[i]
         arg = node.args[i] if i < len(node.args) else node.kwargs.get(schema_arg.name)
         for x in arg if isinstance(arg, (list, tuple)) else [arg]:
@@ -196,4 +196,4 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
 
 
 def _writes_anything(node: Node) -> bool:
-    return bool(ops.mutated_arg_positions(node))
+    return bool(values.mutated_arg_positions(node))

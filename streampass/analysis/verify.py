@@ -10,6 +10,7 @@ import torch.fx
 from streampass.analysis.dag import StreamDAG
 from streampass.analysis.hazards import KINDS, Hazard, find_hazards
 
+
 @dataclass
 class Report:
     """What :func:`verify` found. ``ok`` is True when there is no hazard."""

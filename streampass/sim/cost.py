@@ -33,10 +33,10 @@ from typing import Any, Union
 import torch
 import torch.fx
 from torch.fx.passes.shape_prop import TensorMetadata
-
-from streampass import ops
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
+
+from streampass import ops
 
 __all__ = ["DeviceProfile", "PROFILES", "CostModel", "Overrides"]
 

@@ -22,12 +22,12 @@ import operator
 
 import torch
 import torch.fx
-from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from streampass import ops
-from streampass.annotate import AMBIENT
+from streampass import ops, values
 from streampass.errors import StreamPassError
+from streampass.ops import AMBIENT
 from streampass.transform.plan import SyncPlan
+from streampass.transform.subgraphs import attr_of, free_attr, sync_subgraph
 
 Node = torch.fx.Node
 _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_default", operator.getitem: "getitem"}
@@ -45,16 +45,6 @@ def _set_stream(node: Node, s: int) -> None:
         node.meta["custom"] = custom
     else:
         node.meta.pop("custom", None)
-
-
-def _sync_subgraph(owner: torch.nn.Module, target, n_int: int, n_pass: int) -> torch.fx.GraphModule:
-    g = torch.fx.Graph()
-    ints = [g.placeholder(f"index_{i}") for i in range(n_int)]
-    phs = [g.placeholder(f"dep_{i}") for i in range(n_pass)]
-    result = g.call_function(target, tuple(ints))
-    g.output((result, *phs))
-    # Lazy: the subgraph's Python code is generated on first call, not for every sync we add.
-    return _LazyGraphModule(owner, g, class_name="StreamSync")
 
 
 class _Editor:
@@ -146,7 +136,7 @@ class _Editor:
             if call is None or call.target not in WRAPPABLE:
                 if n.op in ("call_function", "call_method", "call_module") and n.target is not operator.getitem:
                     pending.setdefault(s, []).append(n)
-                elif n.op == "get_attr" and isinstance(_attr(self.gm, n.target), torch.Tensor):
+                elif n.op == "get_attr" and isinstance(attr_of(self.gm, n.target), torch.Tensor):
                     # A parameter or buffer has no inputs: without this, a later pass may sort
                     # it after the records that cover it as an input.
                     pending.setdefault(s, []).append(n)
@@ -253,7 +243,7 @@ class _Editor:
                 if index[x] < index[sync]:
                     found.append((user, x))
                     break
-                nxt = src if src is not None else ops.aliases_input(x)
+                nxt = src if src is not None else values.aliases_input(x)
                 if nxt is None:
                     break  # made after the sync on this path: nothing before the sync to guard
                 user, x = x, nxt
@@ -299,7 +289,7 @@ class _Editor:
         getter = self.subgraphs.get(key)
         if getter is None:
             attr = free_attr(self.gm, f"streampass_{call.name}_{n_pass}")
-            self.gm.add_submodule(attr, _sync_subgraph(self.gm, call.target, len(call.args), n_pass))
+            self.gm.add_submodule(attr, sync_subgraph(self.gm, call.target, len(call.args), n_pass))
             where = self.placeholders[-1] if self.placeholders else None
             with self.graph.inserting_after(where) if where is not None else self.graph.inserting_before(None):
                 getter = self.subgraphs[key] = self.graph.get_attr(attr)
@@ -350,36 +340,6 @@ class _Editor:
                 )
         for node in self.switches:
             self.graph.erase_node(node)
-
-
-def _attr(gm: torch.nn.Module, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-    return obj
-
-
-def own_sync_body(gm: torch.fx.GraphModule, node: Node, base: str, edit=None) -> Node:
-    """Give the ``control_deps`` node ``node`` a copy of its subgraph of its own, first passed to
-    ``edit(graph)`` if given; returns the new ``get_attr`` (inserted before ``node``), which the
-    caller puts in ``node.args[1]``. Subgraphs may be shared; this is how one sync's changes."""
-    body = torch.fx.Graph()
-    body.output(body.graph_copy(ops.subgraph_module(node).graph, {}))
-    if edit is not None:
-        edit(body)
-    attr = free_attr(gm, f"{base}_{node.name}")
-    gm.add_submodule(attr, torch.fx.GraphModule(gm, body, class_name="StreamSync"))
-    with gm.graph.inserting_before(node):
-        return gm.graph.get_attr(attr)
-
-
-def free_attr(gm: torch.nn.Module, base: str) -> str:
-    """An attribute name on ``gm`` starting with ``base`` that is not taken yet."""
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    return name
 
 
 def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True) -> bool:

@@ -25,8 +25,8 @@ import torch
 import torch.fx
 
 from streampass import ops
-from streampass.transform.apply import own_sync_body
 from streampass.compat import registered_object
+from streampass.transform.subgraphs import own_sync_body
 
 #: tracing context of a forward compile -> the offset its graphs were read with
 _FORWARD_OFFSETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import torch.fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from streampass.errors import StreamPassError
-from streampass.transform.pipeline import RunResult, run
 from streampass.analysis.reading import read_streams
 from streampass.analysis.verify import verify
+from streampass.errors import StreamPassError
+from streampass.transform.pipeline import RunResult, run
 
 __all__ = ["StreamSyncPass"]
 

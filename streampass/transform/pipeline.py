@@ -10,16 +10,16 @@ from dataclasses import dataclass
 import torch.fx
 
 from streampass import runtime
-
+from streampass.analysis.dag import StreamDAG
+from streampass.analysis.hazards import find_hazards
+from streampass.analysis.reading import read_streams
+from streampass.analysis.requirements import requirements
+from streampass.analysis.verify import Report
+from streampass.errors import StreamPassError
 from streampass.transform import snapshot
 from streampass.transform.apply import apply_plan
-from streampass.analysis.dag import StreamDAG
-from streampass.errors import StreamPassError
-from streampass.analysis.requirements import requirements
-from streampass.transform.plan import SyncPlan, plan_syncs
-from streampass.analysis.reading import read_streams
-from streampass.analysis.verify import Report
-from streampass.analysis.hazards import find_hazards
+from streampass.transform.plan import SyncPlan
+from streampass.transform.planner import plan_syncs
 
 
 @dataclass

@@ -12,6 +12,8 @@ all-or-nothing guarantee is for.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch.fx
@@ -87,3 +89,30 @@ def take(gm: torch.fx.GraphModule) -> Snapshot:
         [(n, n.target, n.args, n.kwargs, dict(n.meta)) for n in graph.nodes],
         frozenset(gm._modules),
     )
+
+
+@contextlib.contextmanager
+def all_or_nothing(gm: torch.fx.GraphModule) -> Iterator[Snapshot]:
+    """Run the block's edits of ``gm`` whole, or not at all: on any exception the graph, its
+    submodules and its generated code are put back as they were, and the exception goes on.
+
+    >>> import torch, operator
+    >>> g = torch.fx.Graph(); x = g.placeholder("x"); _ = g.output(x)
+    >>> gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    >>> try:
+    ...     with all_or_nothing(gm):
+    ...         with gm.graph.inserting_before(x.next):
+    ...             _ = gm.graph.call_function(operator.neg, (x,))
+    ...         raise ValueError("a check failed")
+    ... except ValueError:
+    ...     pass
+    >>> [n.op for n in gm.graph.nodes]
+    ['placeholder', 'output']
+    """
+    saved = take(gm)
+    try:
+        yield saved
+    except BaseException:
+        saved.restore()
+        gm.recompile()
+        raise

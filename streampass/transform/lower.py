@@ -1,0 +1,203 @@
+"""The device lowerings inductor needs, after :func:`streampass.run` (the verified plan is fixed;
+only its encoding changes). Each is all or nothing: on any failure the graph is put back.
+
+* :func:`lower_for_gpu`: the graph keeps its ``custom.stream`` annotations and its
+  ``control_deps`` syncs, each with its own subgraph and a non-empty dependency tuple.
+* :func:`lower_for_cpu`: streams move to ``node.meta["streampass_stream"]`` and every sync
+  becomes ``torch.ops.streampass.sync(deps, op, int_args)``, a no-op counted in :data:`RUNTIME_SYNCS`.
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from streampass import ops, runtime
+from streampass.analysis.reading import read_streams
+from streampass.errors import StreamPassError
+from streampass.ops import AMBIENT
+from streampass.runtime import install_object_fallback
+from streampass.transform import snapshot
+from streampass.transform.subgraphs import own_sync_body
+
+__all__ = ["RUNTIME_SYNCS", "STREAM_KEY", "SYNC", "lower_for_cpu", "lower_for_gpu", "sync"]
+
+#: ``op name -> calls`` of :func:`sync` made by CPU graphs at run time (tests, debugging).
+RUNTIME_SYNCS: collections.Counter[str] = collections.Counter()
+
+STREAM_KEY = "streampass_stream"  # where CPU graphs keep a node's stream for inductor
+
+
+@torch.library.custom_op("streampass::sync", mutates_args=())
+def sync(deps: list[torch.Tensor], op: str, args: list[int]) -> None:
+    """A sync point of a CPU graph: ``op(*args)`` of ``torch.ops.streams``, a no-op on CPU.
+
+    ``deps`` only order the call and give inductor its device; the call is counted in
+    :data:`RUNTIME_SYNCS`.
+    """
+    RUNTIME_SYNCS[op] += 1
+
+
+@sync.register_fake
+def _(deps, op, args) -> None:
+    return None
+
+
+torch.fx.node.has_side_effect(torch.ops.streampass.sync.default)
+SYNC = torch.ops.streampass.sync.default
+
+
+def _is_tensor_node(n: Any) -> bool:
+    return isinstance(n, torch.fx.Node) and isinstance(n.meta.get("val"), torch.Tensor)
+
+
+def lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
+    """Make a graph :func:`streampass.run` left compilable by inductor's CPU backend.
+
+    Streams move from ``custom["stream"]`` to ``meta["streampass_stream"]``; every stream op
+    (plain or in ``control_deps``) becomes ``streampass.sync(tensor_deps, op, int_args)``,
+    and readers of a ``control_deps`` passthrough read the value itself. Returns whether
+    anything changed (a graph without streams is left alone).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> x = torch.ones(4)
+    >>> gm = make_fx(f)(x)
+    >>> _ = sp.run(gm)
+    >>> lower_for_cpu(gm), lower_for_cpu(gm)  # the second call finds nothing to change
+    (True, False)
+    >>> syncs = [n for n in gm.graph.nodes if n.target is SYNC]
+    >>> [n.args[1] for n in syncs]
+    ['record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event']
+    >>> [n.name for n in gm.graph.nodes if n.meta.get(STREAM_KEY) == 1 and n.target is not SYNC]
+    ['sin']
+    >>> any("stream" in n.meta.get("custom", {}) for n in gm.graph.nodes)
+    False
+    >>> counted = RUNTIME_SYNCS.copy()
+    >>> torch.equal(gm(x), f(x)), dict(RUNTIME_SYNCS - counted)  # the syncs ran, as no-ops
+    (True, {'record_event': 4, 'wait_event': 4})
+    """
+    with snapshot.all_or_nothing(gm):
+        return _lower_for_cpu(gm)
+
+
+def _lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
+    graph = gm.graph
+    changed = False
+    a = read_streams(gm, runtime.state(gm)["external_events"])
+    tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
+    for node in list(graph.nodes):
+        call = a.syncs.get(node)
+        if call is None:
+            continue
+        if call.wrapper is not None:
+            deps = [d for d in node.args[0] if _is_tensor_node(d)]
+            passthrough = ops.passthrough_values(node)
+            deps += [p for p in passthrough if _is_tensor_node(p) and p not in deps]
+            for user in list(node.users):
+                if user.target is operator.getitem and 1 <= user.args[1] <= len(passthrough):
+                    user.replace_all_uses_with(passthrough[user.args[1] - 1])
+                    graph.erase_node(user)
+            ints = [x for x in call.args if not isinstance(x, torch.fx.Node)]
+        else:
+            deps = [x for x in call.args if _is_tensor_node(x)]
+            ints = [x for x in call.args if isinstance(x, int)]
+        deps = deps or tensor_inputs[:1]
+        # A sync that orders nothing on CPU (no tensor anywhere) is dropped.
+        if deps:
+            with graph.inserting_before(node):
+                new = graph.call_function(SYNC, (deps, call.name, ints))
+            new.meta["val"] = None
+            new.meta[STREAM_KEY] = a.stream.get(node, AMBIENT)
+            new.meta["streampass"] = "sync"
+        # Remaining users are other syncs' dependency tuples: order among no-ops is moot.
+        for user in list(node.users):
+            if user.target is ops.CONTROL_DEPS:
+                user.args = (tuple(d for d in user.args[0] if d is not node), *user.args[1:])
+        if node.users:
+            raise StreamPassError(
+                f"{node.name}: cannot lower this sync for CPU: {', '.join(u.name for u in node.users)} still "
+                f"use its result, which the CPU sync op does not return"
+            )
+        graph.erase_node(node)
+        changed = True
+    for node in graph.nodes:
+        custom = node.meta.get("custom")
+        if isinstance(custom, dict) and "stream" in custom:
+            node.meta[STREAM_KEY] = custom["stream"]
+            rest = {k: v for k, v in custom.items() if k != "stream"}
+            if rest:
+                node.meta["custom"] = rest
+            else:
+                del node.meta["custom"]
+            changed = True
+    if changed:
+        _drop_unused_subgraphs(gm)
+        graph.lint()
+        gm.recompile()
+    return changed
+
+
+def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
+    """Shape the ``control_deps`` syncs as inductor's lowering needs them (GPU graphs).
+
+    torch 2.13's ``control_deps`` lowering asserts a non-empty dependency tuple and runs the
+    subgraph's nodes in the outer graph's environment, so a subgraph shared by several syncs
+    fails on its second use: each sync gets its own copy. Event indices streampass allocated
+    are ``>= EVENT_BASE``, which is how the run-time fallback (:func:`install_object_fallback`)
+    knows they are events.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> from streampass import ops
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> _ = sp.run(gm)
+    >>> shared = {n.args[1].target for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS}
+    >>> len(shared)  # 4 records and 4 waits share three subgraphs
+    3
+    >>> lower_for_gpu(gm)
+    >>> syncs = [n for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS]
+    >>> len({n.args[1].target for n in syncs}), all(n.args[0] for n in syncs)  # own copy each, deps non-empty
+    (8, True)
+    >>> from streampass.transform.plan import EVENT_BASE
+    >>> sorted(n.args[2] - EVENT_BASE for n in syncs)  # event indices, two uses each
+    [0, 0, 1, 1, 2, 2, 3, 3]
+    """
+    install_object_fallback()
+    with snapshot.all_or_nothing(gm):
+        _lower_for_gpu(gm)
+
+
+def _lower_for_gpu(gm: torch.fx.GraphModule) -> None:
+    graph = gm.graph
+    a = read_streams(gm, runtime.state(gm)["external_events"])
+    tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
+    for node in list(graph.nodes):
+        call = a.syncs.get(node)
+        if call is None or call.wrapper is None:
+            continue
+        getter = own_sync_body(gm, node, "streampass_sync")
+        deps = tuple(node.args[0]) or tuple(tensor_inputs[:1])
+        node.args = (deps, getter, *node.args[2:])
+    _drop_unused_subgraphs(gm)
+    graph.lint()
+    gm.recompile()
+
+
+def _drop_unused_subgraphs(gm: torch.fx.GraphModule) -> None:
+    for node in list(gm.graph.find_nodes(op="get_attr")):
+        if not node.users and isinstance(getattr(gm, node.target, None), torch.fx.GraphModule):
+            gm.graph.erase_node(node)
+            delattr(gm, node.target)

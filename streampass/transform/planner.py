@@ -1,0 +1,398 @@
+"""The sync planner: which records and waits make a graph race-free, with the fewest waits (pure).
+
+It walks the graph in issue order with one vector clock per stream, honouring the syncs the
+graph already has. At each *demand* (a read of another stream's value, the output, the free
+point of a value read on another stream) it adds waits for the newest node of each chosen
+producer stream, with the record right after that node. Which producers to wait on is searched:
+a Pareto frontier of (waits so far, clocks) states (:mod:`streampass.transform.frontier`), so
+the result is the fewest waits for the given node order; ``SyncPlan.exact`` says whether the
+frontier stayed within its bound. docs/plan.md has the argument.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import defaultdict
+
+import torch.fx
+
+from streampass import ops
+from streampass.analysis.dag import StreamDAG
+from streampass.analysis.hazards import dealloc_safe, keepalive_waits, recorded_streams
+from streampass.analysis.reading import StreamAssignment
+from streampass.analysis.requirements import CrossStreamValue, requirements
+from streampass.ops import AMBIENT
+
+Node = torch.fx.Node
+from streampass.transform.frontier import Clocks, Demand, StillNeeded, does_no_work
+from streampass.transform.plan import (
+    PlannedRecord,
+    PlannedWait,
+    SyncPlan,
+    check_event_indices,
+    first_free_event,
+)
+
+#: Most states the search keeps per step; past it the plan is still valid, just not proven minimal.
+FRONTIER_LIMIT = 256
+PRUNE_EVERY = 64  # demands between prunes of a frontier that did not change
+
+
+class Planner:
+    def __init__(self, a: StreamAssignment, dealloc: bool):
+        self.a, self.dealloc = a, dealloc
+        self.streams = a.streams
+        self.slot = {s: i for i, s in enumerate(self.streams)}
+        self.pos: dict[Node, int] = {}
+        counts = [0] * len(self.streams)
+        for n in a.nodes:
+            i = self.slot[a.stream[n]]
+            counts[i] += 1
+            self.pos[n] = counts[i]
+        self.plan = SyncPlan(a, first_event=first_free_event(a))
+
+    # -- shared by the search and the walk ------------------------------------------------
+    def _fresh(self) -> Clocks:
+        return Clocks(len(self.streams))
+
+    def _sync(self, clk: Clocks, issued: list[int], node: Node, call, gained=None) -> None:
+        """Apply an existing sync op of the graph to ``clk`` (``issued`` already counts it)."""
+        b = self.slot[self.a.stream[node]]
+        if call.target is ops.RECORD_EVENT:
+            clk.events[call.args[0]] = clk.row(issued, b)
+        elif call.target is ops.WAIT_EVENT:
+            src = clk.events.get(call.args[0])
+            if src is not None:
+                clk.join(issued, b, src, node, gained)
+        elif call.target is ops.WAIT_STREAM:
+            clk.join(issued, b, clk.row(issued, self.slot[call.args[1]]), node, gained)
+        # synchronize_* and sync_dealloc are honoured by verify, but the planner does not rely
+        # on them: they cannot carry the data dependencies that keep the order under reordering.
+
+    def _unmet(self, clk: Clocks, issued: list[int], d: Demand) -> list[tuple[int, int]]:
+        b = d.stream
+        return [(s, p) for s, p in d.slots if clk.know(issued, b, s) < p]
+
+    def _record_point(self, a: int, p: int, issued: list[int]) -> int:
+        """Where a wait for stream a's node p records: past the nodes after p that do no work
+        (an existing record there is reused), but never past what a has issued so far."""
+        return min(self.reusable.get((a, p), p), issued[a])
+
+    def _sources(self, clk: Clocks, issued: list[int], d: Demand, unmet) -> dict[int, int]:
+        """Candidate streams to wait on, each with the point its record would sit at.
+
+        Within the graph only producers qualify, recorded right after the newest node the
+        demand needs from them: a wait never holds the stream back for anything else. At
+        exit (the output, free points) nothing runs after the wait on that stream, so any
+        stream may be waited on at its last node, carrying whatever it knows by then.
+        """
+        if d.at_exit:
+            return {x: self._record_point(x, issued[x], issued) for x in range(len(issued)) if x != d.stream and issued[x]}
+        newest: dict[int, int] = {}
+        for s, p in unmet:
+            newest[s] = max(newest.get(s, 0), p)
+        return {a: self._record_point(a, p, issued) for a, p in newest.items()}
+
+    def _options(self, clk: Clocks, issued: list[int], d: Demand, unmet) -> list[tuple[tuple[int, ...], list[int]]]:
+        """Every set of candidate streams whose records together cover ``unmet`` (each member
+        covering something), with the knowledge the set brings."""
+        points = self._sources(clk, issued, d, unmet)
+        snaps = {a: clk.snap(a, p) for a, p in points.items()}
+        useful = sorted(a for a, r in snaps.items() if any(r[s] >= p for s, p in unmet))
+        out = []
+        for size in range(1, len(useful) + 1):
+            for combo in itertools.combinations(useful, size):
+                joined = [max(col) for col in zip(*(snaps[a] for a in combo))]
+                if all(joined[s] >= p for s, p in unmet):
+                    out.append((combo, joined))
+        return out
+
+    def _demand(self, stream: int, needs, before: Node, on_gate, free_point: bool = False) -> Demand:
+        slots = [(self.slot[self.a.stream[n]], self.pos[n]) for n, _ in needs]
+        return Demand(self.slot[stream], needs, before, on_gate, slots, at_exit=before.op == "output", free_point=free_point)
+
+    def _events(self, reqs, values: list[CrossStreamValue]):
+        """The walk: ("issue", node) and ("demand", Demand) in issue order."""
+        plan = self.plan
+        by_consumer: dict[Node, list] = defaultdict(list)
+        for r in reqs:
+            by_consumer[r.after].append((r.before, r.value))
+        held = self._already_held(values)
+        for node in self.a.nodes:
+            if node.op == "output":
+                # Free points first, then the exit joins: a side stream's free-point waits come
+                # before the ambient stream's last wait on it (capturable, docs/plan.md §6).
+                for cv in values:
+                    if cv.value in held:
+                        continue
+                    # The value's stream waits for every reader before the value may be freed;
+                    # the value rides on that wait, so it stays alive until the wait is issued.
+                    readers = [(r, None) for rs in cv.readers.values() for r in rs]
+                    yield "demand", self._demand(
+                        cv.stream, readers, node, lambda g, _v, v=cv.value: plan.keepalive[g].append(v), free_point=True
+                    )
+                needs = by_consumer.get(node)
+                if needs:
+                    yield "demand", self._demand(
+                        self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
+                    )
+                return
+            needs = by_consumer.get(node)
+            if needs:
+                yield "demand", self._demand(
+                    self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
+                )
+            yield "issue", node
+
+    def _already_held(self, values: list[CrossStreamValue]) -> set[Node]:
+        """Values the graph's own syncs already keep safe from early reuse (as verify judges)."""
+        if not values:
+            return set()
+        dag = StreamDAG(self.a)
+        keep, recorded = keepalive_waits(dag), recorded_streams(self.a)
+        return {cv.value for cv in values if dealloc_safe(dag, cv, keep, recorded)}
+
+    # -- 1. search: which sources each demand waits on ---------------------------------------
+    def _search(self, events: list) -> list[tuple[int, ...]]:
+        issued = [0] * len(self.streams)
+        counts = [0] * len(self.streams)
+        for n in self.a.nodes:
+            counts[self.slot[self.a.stream[n]]] += 1
+        still = StillNeeded(counts, [item for kind, item in events if kind == "demand"])
+        k = pruned = 0
+        frontier: list[tuple[int, Clocks, tuple]] = [(0, self._fresh(), ())]
+        self._shared = [1] * len(self.streams)  # history entries all states have in common
+        for kind, item in events:
+            if kind == "issue":
+                issued[self.slot[self.a.stream[item]]] += 1
+                call = self.a.syncs.get(item)
+                if call is not None:
+                    for _, clk, _ in frontier:
+                        self._sync(clk, issued, item, call)
+                continue
+            grown = []
+            b = item.stream
+            moved = False
+            for cost, clk, hist in frontier:
+                unmet = self._unmet(clk, issued, item)
+                if not unmet:
+                    grown.append((cost, clk, (hist, ())))
+                    continue
+                moved = True
+                options = self._options(clk, issued, item, unmet)
+                for combo, joined in options:
+                    nxt = clk.copy() if len(options) > 1 else clk
+                    nxt.join(issued, b, joined)
+                    grown.append((cost + len(combo), nxt, (hist, combo)))
+            still.done(k)
+            k += 1
+            if moved or len(grown) == 1 or k - pruned >= PRUNE_EVERY:
+                frontier = self._prune(grown, still)
+                pruned = k
+            else:
+                # No state changed, so none newly dominates another; only retired positions
+                # could make two equal, and that can wait (extra states never change the optimum).
+                frontier = grown
+            if len(frontier) == 1:
+                self._shared = [len(h) for h in frontier[0][1].hpos]
+        best = min(frontier, key=lambda t: t[0])[2]
+        choices = []
+        while best:
+            best, combo = best
+            choices.append(combo)
+        return choices[::-1]
+
+    def _prune(self, states: list, still: StillNeeded) -> list:
+        if len(states) == 1:
+            return states
+        states.sort(key=lambda t: (t[0], -t[1].total()))
+        best = states[0]
+        if all(best[0] <= st[0] and best[1].dominates(st[1], self._shared) for st in states[1:]):
+            return [best]  # the common case, without rounding every state
+        seen = set()
+        unique = []
+        for st in states:  # equal relevant knowledge: keep the cheapest
+            key = still.canon(st[1], self._shared)
+            if key not in seen:
+                seen.add(key)
+                unique.append(st)
+        kept: list = []
+        for st in unique:
+            if not any(k[0] <= st[0] and k[1].dominates(st[1], self._shared) for k in kept):
+                kept.append(st)
+        if len(kept) > FRONTIER_LIMIT:
+            self.plan.exact = False
+            kept = kept[:FRONTIER_LIMIT]
+        return kept
+
+    # -- 2. walk: place the chosen waits, track which gate each consumer relies on ----------
+    def _walk(self, events: list, choices: list[tuple[int, ...]]) -> None:
+        n = len(self.streams)
+        clk = self._fresh()
+        cover_t = [[[] for _ in range(n)] for _ in range(n)]  # thresholds, increasing
+        cover_g = [[[] for _ in range(n)] for _ in range(n)]  # the gate that raised it
+
+        def gained(b, i, v, gate):
+            cover_t[b][i].append(v)
+            cover_g[b][i].append(gate)
+
+        def covering_gate(b, s, p):
+            gate = cover_g[b][s][bisect.bisect_left(cover_t[b][s], p)]
+            if isinstance(gate, PlannedWait):
+                gate.used = True
+            return gate
+
+        issued = [0] * n
+        picks = iter(choices)
+        for kind, item in events:
+            if kind == "issue":
+                issued[self.slot[self.a.stream[item]]] += 1
+                call = self.a.syncs.get(item)
+                if call is not None:
+                    self._sync(clk, issued, item, call, gained)
+                continue
+            b = item.stream
+            combo = next(picks)
+            points = self._sources(clk, issued, item, self._unmet(clk, issued, item)) if combo else {}
+            waits = []
+            for a in combo:
+                point = points[a]
+                w = PlannedWait(self.streams[b], self.streams[a], item.before, point, free_point=item.free_point)
+                waits.append((w, clk.snap(a, point)))
+            for w, snap in waits:  # all snapshots taken before any join: the waits are independent
+                self.plan.waits.append(w)
+                clk.join(issued, b, snap, w, gained)
+            for (s, p), (_, value) in zip(item.slots, item.needs):
+                item.on_gate(covering_gate(b, s, p), value)
+
+    def run(self, reqs=None) -> SyncPlan:
+        reqs, values = reqs if reqs is not None else requirements(self.a)
+        self._find_reusable_records()
+        events = list(self._events(reqs, values if self.dealloc else []))
+        choices = self._search(events)
+        self._walk(events, choices)
+        self._place_records()
+        self._join_free_points()
+        return self.plan
+
+    def _find_reusable_records(self) -> None:
+        """Where a record for "stream a up to its node p" can go without waiting for more work.
+
+        Nodes that do no work on the device (inputs, attributes, getitems, records) can be
+        passed over: the record point for p moves to the last of them before a's next real
+        node, so every input is covered by one record at entry. An existing record of the
+        graph (of an event recorded once) in that stretch is reused instead of adding one.
+        """
+        self.reusable: dict[tuple[int, int], int] = {}
+        self.record_at: dict[tuple[int, int], tuple[Node, int]] = {}
+        self.node_at: dict[tuple[int, int], Node] = {}
+        recorded: dict[int, int] = defaultdict(int)
+        for call in self.a.syncs.values():
+            if call.target is ops.RECORD_EVENT:
+                recorded[call.args[0]] += 1
+        stretch: dict[int, list[int]] = defaultdict(list)  # per stream: positions since its last work
+        found: dict[int, int] = {}  # per stream: an existing record in the current stretch
+        count: dict[int, int] = defaultdict(int)
+
+        def close(s: int) -> None:
+            points = stretch.pop(s, [])
+            if points:
+                end = found.get(s, points[-1])
+                for q in points:
+                    if q < end:
+                        self.reusable[s, q] = end
+            found.pop(s, None)
+
+        for node in self.a.nodes:
+            s = self.slot[self.a.stream[node]]
+            count[s] += 1
+            p = count[s]
+            self.node_at[s, p] = node
+            call = self.a.syncs.get(node)
+            if call is not None and call.target is ops.RECORD_EVENT:
+                if recorded[call.args[0]] == 1 and s not in found:
+                    found[s] = p
+                    self.record_at[s, p] = (node, call.args[0])
+                stretch[s].append(p)
+            elif node.op in ("placeholder", "get_attr") or does_no_work(node):
+                stretch[s].append(p)
+            else:
+                close(s)  # real work (or a wait, which would add a dependency): the stretch ends
+                stretch[s].append(p)
+        for s in list(stretch):
+            close(s)
+
+    def _place_records(self) -> None:
+        plan = self.plan
+        plan.waits = [w for w in plan.waits if w.used]
+        shared: dict[tuple[int, int], PlannedRecord] = {}
+        for w in plan.waits:
+            a = self.slot[w.source]
+            key = (a, w.point)
+            if key not in shared:
+                if key in self.record_at:
+                    node, ev = self.record_at[key]
+                    shared[key] = PlannedRecord(w.source, ev, node, existing=node)
+                else:
+                    shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), self.node_at[key])
+                    plan.records.append(shared[key])
+            w.record = shared[key]
+
+    def _join_free_points(self) -> None:
+        """Join each side stream back into the ambient stream after its last free-point wait.
+
+        A free point (docs/plan.md §4) is a wait issued on a value's side stream at the graph's
+        end. Issued after the ambient stream's exit wait on that stream, it would leave the side
+        stream un-joined to a CUDA-graph capture. So the exit wait waits for a record right
+        after the free point instead (it knows more than the record it replaces), or, where the
+        output needed no wait on that stream, one is added: one wait per side stream with free
+        points, the least a capture needs. Free-point demands come before the output's in the
+        walk, so every exit wait follows the free points in the graph.
+        """
+        plan = self.plan
+        last_free: dict[int, PlannedWait] = {}
+        for w in plan.waits:
+            if w.free_point and w.stream != AMBIENT:
+                last_free[w.stream] = w
+        for s, free in last_free.items():
+            output = free.before
+            record = PlannedRecord(s, 0, None, after=free)
+            plan.records.append(record)
+            join = next((w for w in plan.waits if w.stream == AMBIENT and w.source == s and w.before is output and not w.free_point), None)
+            if join is None:
+                join = PlannedWait(AMBIENT, s, output, 0, used=True)
+                plan.waits.append(join)
+                plan.capture_joins += 1
+                plan.protect[join].append((output, None))
+            replaced, join.record = join.record, record
+            if replaced is not None and replaced.existing is None and all(w.record is not replaced for w in plan.waits):
+                plan.records.remove(replaced)
+        for i, r in enumerate(r for r in plan.records if r.existing is None):
+            r.event = plan.first_event + i
+
+
+def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan:
+    """The records and waits that make the graph read into ``a`` race-free; edits nothing.
+
+    ``dealloc=False`` leaves out the free points (the waits that defer frees of values read
+    on other streams), to count the ordering waits alone. ``reqs``: the graph's
+    :func:`~streampass.analysis.requirements.requirements`, if already computed.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return x.cos() + y
+    >>> plan = plan_syncs(sp.read_streams(make_fx(f)(torch.ones(2))))
+    >>> [(w.source, w.stream, w.before.name) for w in plan.waits], plan.exact
+    ([(0, 1, 'sin'), (1, 0, 'add'), (0, 1, 'output'), (1, 0, 'output')], True)
+
+    Stream 1 reads ``x`` after the ambient stream's record at entry, the add waits for
+    ``sin``, stream 1 waits for the add before ``sin`` may be freed, and the ambient stream
+    joins stream 1 after that (capturable).
+    """
+    plan = Planner(a, dealloc).run(reqs)
+    check_event_indices(a, plan.first_event, len(plan.records))
+    return plan
