@@ -84,9 +84,9 @@ def as_cuda_graph(fn):
 
 def check_config(name: str, n: int, depth: int, iters: int, profile: str, device: str = "cuda",
                  compile: bool = True) -> dict:
-    import streampass as sp
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    import streampass as sp
     from streampass.sim.simulate import simulate
 
     torch.manual_seed(0)

@@ -39,14 +39,12 @@ import streampass as sp
 from streampass import ops
 from streampass.sim.simulate import simulate
 from streampass.synthetic import random_stream_graph
+from streampass.transform.pipeline import collector_paused
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_models  # noqa: E402
-
-KINDS = ("raw", "war", "waw", "entry", "exit", "dealloc")
-
 
 # -- torch's passes ---------------------------------------------------------------------------------
 
@@ -111,16 +109,13 @@ def run_sp_unchecked(gm):
     sp.run(gm, check=False)
 
 
-def collector_paused(fn):
+def paused(fn):
     """``fn`` with Python's cyclic collector paused, as streampass.run pauses it for itself:
     shows how much of torch's time is the collector rather than its pass."""
 
     def run(*args):
-        gc.disable()
-        try:
+        with collector_paused():
             fn(*args)
-        finally:
-            gc.enable()
 
     return run
 
@@ -219,7 +214,7 @@ def edit_floor(template: torch.fx.GraphModule, result: torch.fx.GraphModule, rep
         env = {n.name: n for n in graph.nodes}
         lookup = env.__getitem__
 
-        def replay(_gm):
+        def replay(_gm, env=env, lookup=lookup, graph=graph):
             prev = None
             for step in script:
                 if step[0] == "keep":
@@ -253,7 +248,7 @@ def edit_floor(template: torch.fx.GraphModule, result: torch.fx.GraphModule, rep
             for name in dropped:
                 graph.erase_node(env[name])
 
-        times.append(timed(collector_paused(replay), gm))
+        times.append(timed(paused(replay), gm))
         if _shape(gm) != _shape(result):
             raise RuntimeError("edit_floor: the replay did not reproduce streampass's output")
     return statistics.median(times)
@@ -279,7 +274,7 @@ def read_floor(template: torch.fx.GraphModule, result: torch.fx.GraphModule, rep
         look(template)
         look(result)
 
-    return statistics.median(timed(collector_paused(both), None) for _ in range(repeats))
+    return statistics.median(timed(paused(both), None) for _ in range(repeats))
 
 
 # Two families of random 4-stream graphs (streampass.synthetic.random_stream_graph), told apart
@@ -304,7 +299,7 @@ def synthetic_graph(n: int, family: str, seed: int) -> torch.fx.GraphModule:
 def bench_synthetic(sizes, repeats, seed=0, torch_max=None, families=tuple(FAMILIES), log=print) -> list[dict]:
     torch_run = torch_passes()
     passes = {"streampass": run_sp, "streampass_unchecked": run_sp_unchecked, "torch": torch_run,
-              "torch_nogc": collector_paused(torch_run)}
+              "torch_nogc": paused(torch_run)}
     for fn in passes.values():  # lazy imports and first-call costs are not measured
         fn(synthetic_graph(200, "interleaved", seed + 1))
     rows = []
@@ -410,17 +405,16 @@ def bench_blocks(repeats, small=False, log=print, trace_dir=None) -> list[dict]:
 def machine() -> dict:
     cpu = "unknown"
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
     mem = None
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal"):
-                mem = round(int(line.split()[1]) / 2**20, 1)
+        with open("/proc/meminfo") as f:
+            total = next((line for line in f if line.startswith("MemTotal")), None)
+        if total is not None:
+            mem = round(int(total.split()[1]) / 2**20, 1)
     except OSError:
         pass
     return {
@@ -462,13 +456,13 @@ def markdown(result: dict) -> str:
                       f"{r['read_floor_s'] * 1e3:.0f} ms | {t['median_s'] / r['floor_s']:.0f}x |" if t else
                       f"not run | | | {s['node_growth']:.2f}x / | {r['edit_floor_s'] * 1e3:.0f} ms | "
                       f"{r['read_floor_s'] * 1e3:.0f} ms | |"))
-    paused = [r for r in syn if "torch_nogc" in r]
-    if paused:
+    nogc = [r for r in syn if "torch_nogc" in r]
+    if nogc:
         out.append("")
         out.append("torch's passes with the collector paused too (streampass.run pauses it for itself): " + "; ".join(
             f"{r['family']} {r['nodes']:,}: {r['torch_nogc']['median_s']:.3f} s "
             f"({r['torch_nogc']['median_s'] / r['streampass']['median_s']:.1f}x streampass.run, "
-            f"{r['torch_nogc']['median_s'] / r['floor_s']:.0f}x the floor)" for r in paused) + ".")
+            f"{r['torch_nogc']['median_s'] / r['floor_s']:.0f}x the floor)" for r in nogc) + ".")
     g = result.get("growth")
     if g:
         out.append("")

@@ -33,7 +33,7 @@ import functools
 from collections.abc import Iterator
 
 import torch
-import torch._dynamo.variables.streams  # noqa: F401  (registers torch.ops.streams.*)
+import torch._dynamo.variables.streams
 from torch._inductor import custom_graph_pass as _cgp
 
 #: whether dynamo traces ``Stream.synchronize`` / ``Stream.wait_stream`` to stream ops (torch >=

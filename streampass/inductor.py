@@ -348,8 +348,8 @@ cpu_safe_aot_stream_passes = cpu_safe_aot
 
 __all__ = [
     "EVENT_BASE",
-    "GraphReport",
     "RUNTIME_SYNCS",
+    "GraphReport",
     "StreamPass",
     "cpu_safe_aot_stream_passes",
     "enable",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch._dynamo.variables.streams  # noqa: F401  (registers torch.ops.streams.*)
+import torch._dynamo.variables.streams
 import torch.fx
 from torch._inductor.fx_passes.control_dependencies import control_deps
 
@@ -299,3 +299,29 @@ def passthrough_values(wrapper: torch.fx.Node) -> list[torch.fx.Node]:
     if shape is None or shape.outputs is None:
         return []
     return [wrapper.args[2 + shape.placeholders.index(o)] for o in shape.outputs[1:] if o in shape.placeholders]
+
+
+def target_name(node: torch.fx.Node) -> str:
+    """What a node calls, as a person reads it: ``aten::mm``, ``aten::add.Tensor``, a Python
+    function's name, or the node's target (a placeholder's name, an attribute path).
+
+    >>> import torch
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> [target_name(n) for n in (x, g.call_function(torch.ops.aten.add.Tensor, (x, x)), g.call_function(abs, (x,)))]
+    ['x', 'aten::add.Tensor', 'abs']
+    >>> short_name(target_name(g.call_function(torch.ops.aten.mm.default, (x, x))))
+    'mm'
+    """
+    t = node.target
+    if node.op == "call_function":
+        schema = getattr(t, "_schema", None)
+        if schema is not None:
+            overload = getattr(t, "_overloadname", "")
+            return schema.name + ("." + overload if overload and overload != "default" else "")
+        return getattr(t, "__name__", str(t))
+    return str(t)
+
+
+def short_name(name: str) -> str:
+    """``target_name`` without its namespace: ``aten::mm`` -> ``mm``."""
+    return name.split("::", 1)[-1]

@@ -13,7 +13,7 @@ import streampass as sp
 from streampass.synthetic import random_stream_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import run as run_bench  # noqa: E402  (benchmarks/run.py)
+import run as run_bench
 
 
 @pytest.mark.parametrize("family", ["regions", "interleaved"])

@@ -47,7 +47,7 @@ def test_post_grad_passes_list_or_chain_and_graph_kind():
     """torch >= 2.13 takes a list of post-grad passes and tells them ``is_inference``; 2.11 and
     2.12 take one pass and call it with the graph alone. Either way each pass runs once per graph,
     and StreamPass names forward and backward right."""
-    assert compat.POST_GRAD_TAKES_LISTS == (TORCH >= (2, 13))
+    assert (TORCH >= (2, 13)) == compat.POST_GRAD_TAKES_LISTS
     keep, p = _Keep(), spi.StreamPass()
     config = post_grad_config([keep, p])
     assert isinstance(config, list) == compat.POST_GRAD_TAKES_LISTS
@@ -97,7 +97,7 @@ def test_synchronize_ops_exist_from_2_12():
     for target in (ops.SYNC_STREAM, ops.SYNC_EVENT, ops.SYNC_DEVICE):
         assert ops.exists(target) == (TORCH >= (2, 12))
         assert (target in ops.SYNC_TARGETS) == ops.exists(target)
-    assert compat.STREAM_METHODS_ARE_OPS == (TORCH >= (2, 12))
+    assert (TORCH >= (2, 12)) == compat.STREAM_METHODS_ARE_OPS
 
 
 def _synchronize_program(x):

@@ -8,7 +8,7 @@ import operator
 
 import pytest
 import torch
-import torch._dynamo.variables.streams  # noqa: F401  (registers torch.ops.streams)
+import torch._dynamo.variables.streams
 import torch.fx
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -81,7 +81,8 @@ def _kernel_streams(call) -> set[int]:
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile("w+", suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
+        with open(f.name) as saved:
+            trace = json.load(saved)
     return {
         e["args"]["stream"]
         for e in trace["traceEvents"]

@@ -21,7 +21,7 @@ from streampass import compat, ops
 from streampass.compat import post_grad_config
 from streampass.ops import AMBIENT
 
-from conftest import reserve_stream_indices, wrap_syncs_in_control_deps
+from graphs import reserve_stream_indices, wrap_syncs_in_control_deps
 
 # --------------------------------------------------------------------------------------------
 # Scenarios: each takes ``ctx(k)``, the way a block says "run on stream k".
@@ -213,7 +213,7 @@ def test_user_pass_runs_and_ambient_graph_is_unchanged():
     p = spi.StreamPass()
     chain = post_grad_config([before, p, after])  # a list where inductor takes one (torch >= 2.13)
     with inductor_config.patch(post_grad_custom_post_pass=chain), spi.cpu_safe_aot_stream_passes():
-        fn = lambda x, y: ambient(None, x, y)  # noqa: E731
+        fn = lambda x, y: ambient(None, x, y)
         x, y = _inputs("ambient")
         torch.testing.assert_close(torch.compile(fn, backend="inductor")(x, y), fn(x, y))
     assert len(before.seen) == len(after.seen) == 1
@@ -251,7 +251,7 @@ def _copied_sources(tmp_path, monkeypatch):
     for f in spi._source_files():
         dst = tmp_path / Path(f).relative_to(root)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_text(open(f).read())
+        dst.write_text(Path(f).read_text())
         files.append(str(dst))
     monkeypatch.setattr(spi, "_source_files", lambda: tuple(files))
     return files
@@ -279,7 +279,7 @@ def test_fx_graph_cache_hit_then_miss_after_uuid_change(tmp_path, monkeypatch):
         p = spi.StreamPass()
         syncs0 = sum(spi.RUNTIME_SYNCS.values())
         with inductor_config.patch(fx_graph_cache=True, fx_graph_remote_cache=False), spi.enabled(p):
-            fn = lambda x, y: branches(sp.stream, x, y)  # noqa: E731
+            fn = lambda x, y: branches(sp.stream, x, y)
             x, y = _inputs("branches")
             torch.testing.assert_close(torch.compile(fn, backend="inductor")(x, y), fn(x, y))
         c = counters["inductor"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import operator
 
 import torch
@@ -71,7 +72,7 @@ def test_dag_matches_the_graph(gm):
             assert "data" in dag.nx.edges[inp.name, n.name]["kinds"]
     for s in dag.streams:
         on = dag.nodes_on(s)
-        for u, v in zip(on, on[1:]):
+        for u, v in itertools.pairwise(on):
             assert "order" in dag.nx.edges[u, v]["kinds"]
     data_edges = sum(len(set(n.all_input_nodes)) for n in gm.graph.nodes)
     assert sum(1 for *_, d in dag.nx.edges(data=True) if "data" in d["kinds"]) == data_edges

@@ -10,7 +10,7 @@ import streampass as sp
 from streampass import ops
 from streampass.compat import cpu_safe_aot
 
-from conftest import GraphBuilder, aten, wrap_syncs_in_control_deps
+from graphs import GraphBuilder, aten, wrap_syncs_in_control_deps
 
 
 def streams_by_name(gm):
@@ -72,7 +72,7 @@ def test_stream_index_must_be_an_int():
     y = b.op(aten.sin.default, x, name="bad")
     y.meta["custom"] = {"stream": 1.5}
     gm = b.output(y)
-    with pytest.raises(sp.StreamPassError, match="'bad'.*must be an int"):
+    with pytest.raises(sp.StreamPassError, match=r"'bad'.*must be an int"):
         sp.read_streams(gm)
 
 

@@ -14,7 +14,7 @@ from streampass import ops
 from streampass.runtime import run_serial
 from streampass.synthetic import random_stream_graph
 
-from conftest import GraphBuilder, aten
+from graphs import GraphBuilder, aten
 from reorder import random_topological_copy
 
 
@@ -341,7 +341,7 @@ def test_training_graphs_from_aot_function_run_and_match_eager():
 
 def test_in_place_write_to_a_chunk_of_an_input_is_ordered_before_readers():
     def f(x):
-        a, b = x.split(2)
+        a, _b = x.split(2)
         with sp.stream(1):
             a.add_(1)
         return x.sum()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import pytest
@@ -352,7 +353,7 @@ def test_verified_graphs_never_beat_the_critical_path(n, n_streams, seed, style,
     # stream order: a stream never runs two things at once, and runs them in issue order
     for stream in s.streams:
         slots = sorted((x for x in s.slots.values() if x.stream == stream), key=lambda x: x.issued)
-        for prev, nxt in zip(slots, slots[1:]):
+        for prev, nxt in itertools.pairwise(slots):
             assert nxt.start >= prev.end - 1e-15
     for x in s.slots.values():
         assert x.start >= x.issued - 1e-15 and x.end >= x.start

@@ -8,7 +8,7 @@ import torch
 import streampass as sp
 from streampass import ops
 
-from conftest import GraphBuilder, aten
+from graphs import GraphBuilder, aten
 
 
 def kinds(gm, **kw):
@@ -175,7 +175,7 @@ def test_an_index_named_as_a_stream_and_recorded_as_an_event_is_refused():
     b.sync(ops.WAIT_STREAM, 0, 3)  # stream 3 runs nothing, but its index is event 3's
     gm = b.output(x)
     code = gm.code
-    with pytest.raises(sp.StreamPassError, match="wait_stream_default.*index 3 is used both"):
+    with pytest.raises(sp.StreamPassError, match=r"wait_stream_default.*index 3 is used both"):
         sp.run(gm)
     assert gm.code == code
 

@@ -56,7 +56,7 @@ def test_dot_has_every_node_one_lane_per_stream(small):
 
 
 def test_hazard_red_with_message_as_tooltip(small):
-    gm, dag = small
+    _gm, dag = small
     hz = dag.hazards()
     raw = next(h for h in hz if h.kind == "raw")
     g = pydot.graph_from_dot_data(view.to_dot(dag))[0]
@@ -91,7 +91,7 @@ def test_svg_shows_nodes_lanes_and_hazard_tooltips(small, engine):
 
 
 def test_draw_matplotlib_when_dot_missing(small, tmp_path, monkeypatch):
-    gm, dag = small
+    _gm, dag = small
     monkeypatch.setattr(render.shutil, "which", lambda name: None)
     assert not view.have_dot()
     png = view.draw(dag, tmp_path / "dag.png")
@@ -105,7 +105,7 @@ def test_draw_matplotlib_when_dot_missing(small, tmp_path, monkeypatch):
 
 def test_draw_with_graphviz(small, tmp_path):
     _need_dot()
-    gm, dag = small
+    _gm, dag = small
     png = view.draw(dag, tmp_path / "dag.png", engine="dot")
     assert png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError):
@@ -113,7 +113,7 @@ def test_draw_with_graphviz(small, tmp_path):
 
 
 def test_json_round_trip(small):
-    gm, dag = small
+    _gm, dag = small
     back = view.from_json(view.to_json(dag))
     d = view.data(dag)
     assert back == d
@@ -139,7 +139,7 @@ def test_json_round_trip_after_pass():
 
 
 def test_regions(small):
-    gm, dag = small
+    _gm, dag = small
     v = view.region(dag, stream=1)
     on1 = set(dag.nodes_on(1))
     assert on1 <= set(v.nodes)
@@ -174,7 +174,7 @@ def test_big_graph_is_capped_and_says_what_was_left_out():
 
 
 def test_summary_counts(small):
-    gm, dag = small
+    _gm, dag = small
     rows = {r["stream"]: r for r in view.summary(dag)}
     assert sum(r["cross_out"] for r in rows.values()) == len(dag.cross_stream_edges())
     assert rows[1]["compute"] == 2 and rows[2]["compute"] == 1

@@ -82,8 +82,8 @@ CPU translation (what works on CPU in torch 2.13.0, checked eagerly)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -167,7 +167,7 @@ class StreamDAG:
         a = self.assignment
         g = nx.DiGraph()
         for i, n in enumerate(a.nodes):
-            g.add_node(n.name, stream=a.stream[n], target=_target_name(n), op=n.op, index=i)
+            g.add_node(n.name, stream=a.stream[n], target=ops.target_name(n), op=n.op, index=i)
 
         def edge(u: torch.fx.Node, v: torch.fx.Node, kind: str) -> None:
             if g.has_edge(u.name, v.name):
@@ -198,14 +198,3 @@ class StreamDAG:
                         edge(last_on[waited], n, "sync")
             last_on[s] = n
         return g
-
-
-def _target_name(n: torch.fx.Node) -> str:
-    if n.op in ("call_function",):
-        t = n.target
-        schema = getattr(t, "_schema", None)
-        if schema is not None:
-            overload = getattr(t, "_overloadname", "")
-            return schema.name + ("." + overload if overload and overload != "default" else "")
-        return getattr(t, "__name__", str(t))
-    return str(n.target)

@@ -112,10 +112,11 @@ def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
     return out
 
 
-def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStreamValue]]:
+def requirements(a: StreamAssignment, same_stream: bool = False) -> tuple[list[Requirement], list[CrossStreamValue]]:
     """Every cross-stream ordering the graph needs, and every value read across streams.
 
-    Only pairs on different streams are returned: a stream runs its own work in order.
+    Only pairs on different streams are returned (a stream runs its own work in order), unless
+    ``same_stream``: then every ordering the program has, which is what the simulator schedules.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -158,7 +159,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
                 s = s_of[node]
                 for r in reads(node):
                     w = last_writer.get(r) or made_by.get(r, r)
-                    if s_of[w] != s:
+                    if same_stream or s_of[w] != s:
                         reqs.append(Requirement("exit", w, node, r))
                 for t, last in last_on.items():
                     if t != AMBIENT:
@@ -171,7 +172,7 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
             if r in mine:
                 continue
             w = last_writer.get(r) or made_by.get(r, r)
-            if s_of[w] != s:
+            if same_stream or s_of[w] != s:
                 reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r))
             if r in reads_since_write:
                 reads_since_write[r].append(node)
@@ -182,10 +183,10 @@ def requirements(a: StreamAssignment) -> tuple[list[Requirement], list[CrossStre
                 cv.readers.setdefault(s, []).append(node)
         for r in mine:
             w = last_writer.get(r) or made_by.get(r, r)
-            if s_of[w] != s:
+            if same_stream or s_of[w] != s:
                 reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "waw", w, node, r))
             for reader in reads_since_write[r]:
-                if s_of[reader] != s:
+                if same_stream or s_of[reader] != s:
                     reqs.append(Requirement("war", reader, node, r))
             reads_since_write[r] = []
             last_writer[r] = node

@@ -28,7 +28,7 @@ import operator
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import torch
 import torch.fx
@@ -38,7 +38,7 @@ from torch.utils.flop_counter import flop_registry
 
 from streampass import ops
 
-__all__ = ["DeviceProfile", "PROFILES", "CostModel", "Overrides"]
+__all__ = ["PROFILES", "CostModel", "DeviceProfile", "Overrides"]
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ PROFILES: dict[str, DeviceProfile] = {
 }
 """Built-in profiles by name: ``"h100"``, ``"h200"``, ``"a100"``, ``"cpu"``."""
 
-Overrides = Union[Mapping[str, float], Callable[[torch.fx.Node], Union[float, None]], None]
+Overrides = Mapping[str, float] | Callable[[torch.fx.Node], float | None] | None
 
 # Ops that only produce a new view of existing memory: no kernel, no time.
 _VIEW_OPS = frozenset({

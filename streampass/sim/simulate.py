@@ -27,7 +27,7 @@ See docs/simulator.md for the semantics and what is and is not modelled.
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
+import itertools
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -35,7 +35,7 @@ import torch.fx
 
 from streampass import ops
 from streampass.analysis.reading import StreamAssignment, read_streams
-from streampass.analysis.requirements import is_tensor_value, reads_of, writes_of
+from streampass.analysis.requirements import requirements
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
 from streampass.sim.schedule import EPS, Race, Schedule, Slot
@@ -65,15 +65,7 @@ class _Item:
 
 
 def _target_name(node: Node, call) -> str:
-    if call is not None:
-        return call.name
-    t = node.target
-    schema = getattr(t, "_schema", None)
-    if schema is not None:
-        name = schema.name.split("::", 1)[-1]
-        ov = getattr(t, "_overloadname", "")
-        return name + ("." + ov if ov and ov != "default" else "")
-    return getattr(t, "__name__", str(t))
+    return call.name if call is not None else ops.short_name(ops.target_name(node))
 
 
 def _is_device_work(a: StreamAssignment, node: Node) -> bool:
@@ -200,40 +192,11 @@ def _run(items: list[_Item], streams: list[int]) -> float:
 
 
 def _dependencies(a: StreamAssignment) -> list[tuple[str, Node, Node]]:
-    """Every ordering the program needs, same stream or not: (kind, before, after).
-
-    Like :func:`streampass.analysis.requirements.requirements` without the cross-stream filter: a read
-    depends on the last write of its storage (raw), a write on the last write (waw) and on
-    the reads since (war); the output on the last write of every value it returns (exit).
-    Views, getitems and control_deps passthroughs are looked through (storage roots), and the
-    ordering-only inputs of stream ops are not dependencies at all.
-    """
-    deps: list[tuple[str, Node, Node]] = []
-    last_writer: dict[Node, Node] = {}
-    readers: dict[Node, list[Node]] = defaultdict(list)
-    for node in a.nodes:
-        if node.op in ("placeholder", "get_attr"):
-            last_writer[node] = node
-            continue
-        if node.op == "output":
-            for r in reads_of(a, node):
-                deps.append(("exit", last_writer.get(r, r), node))
-            continue
-        if not a.is_compute(node):
-            continue
-        writes = writes_of(a, node)
-        for r in reads_of(a, node):
-            if r not in writes:
-                deps.append(("raw", last_writer.get(r, r), node))
-                readers[r].append(node)
-        for r in writes:
-            deps.append(("waw", last_writer.get(r, r), node))
-            deps.extend(("war", rd, node) for rd in readers[r] if rd is not node)
-            readers[r] = []
-            last_writer[r] = node
-        if is_tensor_value(node) and a.root[node] is node:
-            last_writer.setdefault(node, node)
-    return deps
+    """Every ordering the program needs, same stream or not: ``(kind, before, after)``, from
+    :func:`~streampass.analysis.requirements.requirements`. The side streams' joins at exit
+    are left out: :func:`_races` checks what is still running at return by itself."""
+    reqs, _ = requirements(a, same_stream=True)
+    return [(r.kind, r.before, r.after) for r in reqs if r.kind != "exit" or r.value is not None]
 
 
 def _critical_path(a: StreamAssignment, deps, times: dict[Node, float]) -> tuple[float, list[str]]:
@@ -252,7 +215,7 @@ def _critical_path(a: StreamAssignment, deps, times: dict[Node, float]) -> tuple
     if g.number_of_edges() == 0:
         return 0.0, []
     path = nx.dag_longest_path(g, weight="w", default_weight=0.0)
-    length = sum(g.edges[u, v]["w"] for u, v in zip(path, path[1:]))
+    length = sum(g.edges[u, v]["w"] for u, v in itertools.pairwise(path))
     names = [p for p in path if p != src]
     # Drop free (zero-time) nodes at the ends: they add nothing.
     while names and times.get(a.node_named(names[0]), 0.0) == 0.0:

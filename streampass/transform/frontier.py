@@ -24,7 +24,7 @@ class Clocks:
     node ``p`` was issued (what a record right after ``p`` captures) can be looked up.
     """
 
-    __slots__ = ("k", "n", "events", "hpos", "hrow")
+    __slots__ = ("events", "hpos", "hrow", "k", "n")
 
     def __init__(self, n: int):
         self.n = n

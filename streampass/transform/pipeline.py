@@ -95,12 +95,12 @@ def run(
     >>> result.ok, len(result.before.hazards) > 0, sp.run(gm).changed
     (True, True, False)
     """
-    with _collector_paused():
+    with collector_paused():
         return _run(_as_module(g), external_events, check, bind_runtime, recompile)
 
 
 @contextlib.contextmanager
-def _collector_paused():
+def collector_paused():
     """Pause Python's cyclic garbage collector for the pass.
 
     The pass allocates many small objects (requirements, clocks, nodes); each burst makes the

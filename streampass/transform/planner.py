@@ -23,8 +23,6 @@ from streampass.analysis.hazards import dealloc_safe, keepalive_waits, recorded_
 from streampass.analysis.reading import StreamAssignment
 from streampass.analysis.requirements import CrossStreamValue, requirements
 from streampass.ops import AMBIENT
-
-Node = torch.fx.Node
 from streampass.transform.frontier import Clocks, Demand, StillNeeded, does_no_work
 from streampass.transform.plan import (
     PlannedRecord,
@@ -33,6 +31,8 @@ from streampass.transform.plan import (
     check_event_indices,
     first_free_event,
 )
+
+Node = torch.fx.Node
 
 #: Most states the search keeps per step; past it the plan is still valid, just not proven minimal.
 FRONTIER_LIMIT = 256

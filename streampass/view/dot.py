@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from streampass.view.data import StreamDAGData, data
 from streampass.view.select import Drawn, select_region, short_target, tooltip
 from streampass.view.style import (
@@ -130,7 +132,7 @@ def pydot_graph(d: StreamDAGData, sel: Drawn, title: str | None):
             c.add_node(pydot.Node(ids[n["name"]], **attrs))
         # issue order: an invisible, heavy chain keeps each lane left to right
         chain = [n for n in lanes[s] if n["role"] != "input"]
-        for a, b in zip(chain, chain[1:]):
+        for a, b in itertools.pairwise(chain):
             c.add_edge(pydot.Edge(ids[a["name"]], ids[b["name"]], style="invis", weight="20"))
         g.add_subgraph(c)
 

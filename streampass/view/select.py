@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from streampass import ops
 from streampass.view.data import StreamDAGData
 from streampass.view.style import MAX_NODES
 
@@ -184,7 +185,7 @@ def short_target(n: dict) -> str:
         return n["sync"]
     if n["role"] in ("input", "output"):
         return n["role"]
-    return t.split("::", 1)[-1]
+    return ops.short_name(t)
 
 
 def tooltip(n: dict, hazards: list) -> str:

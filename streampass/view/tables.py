@@ -84,7 +84,7 @@ def summary_text(dag) -> str:
         [str(r[k]) + (" (ambient)" if k == "stream" and r[k] == 0 else "") for k, _ in _SUMMARY_COLS] for r in rows
     ]
     widths = [max(len(x) for x in col) for col in zip(head, *cells)]
-    fmt = "  ".join("{:>%d}" % w for w in widths)
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     return "\n".join([fmt.format(*head)] + [fmt.format(*c) for c in cells])
 
 
