@@ -78,12 +78,18 @@ def model_inputs(name: str, device="meta", dtype=torch.bfloat16, small: bool = F
     """(module, example input) on ``device``."""
     if name == "transformer":
         m = TransformerBlock() if not small else TransformerBlock(256, 4, 1024)
-        x = torch.randn(8, 1024, m.ln1.normalized_shape[0], device=device, dtype=dtype) if not small else \
-            torch.randn(2, 128, 256, device=device, dtype=dtype)
+        x = (
+            torch.randn(8, 1024, m.ln1.normalized_shape[0], device=device, dtype=dtype)
+            if not small
+            else torch.randn(2, 128, 256, device=device, dtype=dtype)
+        )
     elif name == "resnet":
         m = ResNetBlock() if not small else ResNetBlock(64, 32, 128)
-        x = torch.randn(32, m.c1.in_channels, 56, 56, device=device, dtype=dtype) if not small else \
-            torch.randn(4, 64, 16, 16, device=device, dtype=dtype)
+        x = (
+            torch.randn(32, m.c1.in_channels, 56, 56, device=device, dtype=dtype)
+            if not small
+            else torch.randn(4, 64, 16, 16, device=device, dtype=dtype)
+        )
     else:
         raise ValueError(name)
     return m.to(device=device, dtype=dtype), x

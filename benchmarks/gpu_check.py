@@ -82,8 +82,9 @@ def as_cuda_graph(fn):
     return graph.replay
 
 
-def check_config(name: str, n: int, depth: int, iters: int, profile: str, device: str = "cuda",
-                 compile: bool = True) -> dict:
+def check_config(
+    name: str, n: int, depth: int, iters: int, profile: str, device: str = "cuda", compile: bool = True
+) -> dict:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     import streampass as sp
@@ -97,13 +98,20 @@ def check_config(name: str, n: int, depth: int, iters: int, profile: str, device
     serial_gm = make_fx(lambda x, w: branches(x, w, False, depth))(x, w)
     stream_gm = make_fx(lambda x, w: branches(x, w, True, depth))(x, w)
     result = sp.run(stream_gm)
-    out: dict = {"config": name, "n": n, "depth": depth, "syncs": result.summary(), "verify_ok": sp.verify(stream_gm).ok}
+    out: dict = {
+        "config": name,
+        "n": n,
+        "depth": depth,
+        "syncs": result.summary(),
+        "verify_ok": sp.verify(stream_gm).ok,
+    }
 
     got_serial = sp.execute(serial_gm, x, w)
     got_streams = sp.execute(stream_gm, x, w)
     _sync()
-    out["results_match"] = bool(torch.allclose(got_serial, expected, atol=1e-2) and
-                                torch.allclose(got_streams, expected, atol=1e-2))
+    out["results_match"] = bool(
+        torch.allclose(got_serial, expected, atol=1e-2) and torch.allclose(got_streams, expected, atol=1e-2)
+    )
 
     measured: dict = {}
     runners = {
@@ -111,6 +119,7 @@ def check_config(name: str, n: int, depth: int, iters: int, profile: str, device
     }
     for mode, (one, two) in runners.items():
         measured[mode] = {"one_stream_s": median_time(one, iters), "side_stream_s": median_time(two, iters)}
+
     def joined(gm):
         # A capture must end with every forked stream joined back into the capturing stream;
         # the waits streampass leaves on side streams at exit (deferred frees) are not joined.
@@ -118,9 +127,10 @@ def check_config(name: str, n: int, depth: int, iters: int, profile: str, device
             sp.execute(gm, x, w)
             table = sp.runtime.state(gm)["table"]
             cur = torch.cuda.current_stream()
-            for st in (table.streams.values() if table is not None else ()):
+            for st in table.streams.values() if table is not None else ():
                 if st != cur:
                     cur.wait_stream(st)
+
         return call
 
     try:
@@ -136,9 +146,11 @@ def check_config(name: str, n: int, depth: int, iters: int, profile: str, device
         c_one = torch.compile(lambda x, w: branches(x, w, False, depth))
         c_two = torch.compile(lambda x, w: branches(x, w, True, depth))
         ok = torch.allclose(c_two(x, w), expected, atol=1e-2)
-        measured["torch_compile"] = {"one_stream_s": median_time(lambda: c_one(x, w), iters),
-                                     "side_stream_s": median_time(lambda: c_two(x, w), iters),
-                                     "results_match": bool(ok)}
+        measured["torch_compile"] = {
+            "one_stream_s": median_time(lambda: c_one(x, w), iters),
+            "side_stream_s": median_time(lambda: c_two(x, w), iters),
+            "results_match": bool(ok),
+        }
     except Exception as e:
         measured["torch_compile"] = {"error": repr(e)[:300]}
     for m in measured.values():
@@ -174,8 +186,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=HERE / "results" / "gpu_check.json")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--cpu-dry-run", action="store_true",
-                   help="exercise the script on CPU with tiny sizes (numbers mean nothing; no JSON)")
+    p.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="exercise the script on CPU with tiny sizes (numbers mean nothing; no JSON)",
+    )
     args = p.parse_args(argv)
     if args.cpu_dry_run:
         for cfg in (("small", 64, 3), ("large", 128, 2)):
@@ -184,8 +199,11 @@ def main(argv=None) -> int:
             print(json.dumps(r, indent=1))
         return 0
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing measured. "
-              "Run it on a machine with an NVIDIA GPU.", file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing measured. "
+            "Run it on a machine with an NVIDIA GPU.",
+            file=sys.stderr,
+        )
         return 2
     import streampass  # noqa: F401  (after the check: the message above needs no imports)
 
@@ -213,13 +231,17 @@ def main(argv=None) -> int:
             continue
         for mode, m in c["measured"].items():
             if "speedup" in m:
-                print(f"{c['config']:>5} {mode:>14}: one stream {m['one_stream_s'] * 1e6:9.1f} us, "
-                      f"side stream {m['side_stream_s'] * 1e6:9.1f} us, speedup {m['speedup']:.2f}x")
+                print(
+                    f"{c['config']:>5} {mode:>14}: one stream {m['one_stream_s'] * 1e6:9.1f} us, "
+                    f"side stream {m['side_stream_s'] * 1e6:9.1f} us, speedup {m['speedup']:.2f}x"
+                )
             else:
                 print(f"{c['config']:>5} {mode:>14}: {m.get('error')}")
         pr = c["predicted"]["device_only"]
-        print(f"{c['config']:>5} {'predicted':>14}: one stream {pr['one_stream_s'] * 1e6:9.1f} us, "
-              f"side stream {pr['side_stream_s'] * 1e6:9.1f} us, speedup {pr['speedup']:.2f}x")
+        print(
+            f"{c['config']:>5} {'predicted':>14}: one stream {pr['one_stream_s'] * 1e6:9.1f} us, "
+            f"side stream {pr['side_stream_s'] * 1e6:9.1f} us, speedup {pr['speedup']:.2f}x"
+        )
     print(f"wrote {args.out}")
     return 0
 

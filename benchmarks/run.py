@@ -125,8 +125,9 @@ def _arg_names(a):
 
 
 def _shape(gm: torch.fx.GraphModule) -> list[tuple]:
-    return [(n.name, n.op, n.target, _arg_names(n.args), _arg_names(n.kwargs), n.meta.get("custom"))
-            for n in gm.graph.nodes]
+    return [
+        (n.name, n.op, n.target, _arg_names(n.args), _arg_names(n.kwargs), n.meta.get("custom")) for n in gm.graph.nodes
+    ]
 
 
 def _swaps(old_args, new_args) -> list[tuple[str, str]] | None:
@@ -298,8 +299,12 @@ def synthetic_graph(n: int, family: str, seed: int) -> torch.fx.GraphModule:
 
 def bench_synthetic(sizes, repeats, seed=0, torch_max=None, families=tuple(FAMILIES), log=print) -> list[dict]:
     torch_run = torch_passes()
-    passes = {"streampass": run_sp, "streampass_unchecked": run_sp_unchecked, "torch": torch_run,
-              "torch_nogc": paused(torch_run)}
+    passes = {
+        "streampass": run_sp,
+        "streampass_unchecked": run_sp_unchecked,
+        "torch": torch_run,
+        "torch_nogc": paused(torch_run),
+    }
     for fn in passes.values():  # lazy imports and first-call costs are not measured
         fn(synthetic_graph(200, "interleaved", seed + 1))
     rows = []
@@ -320,8 +325,14 @@ def bench_synthetic(sizes, repeats, seed=0, torch_max=None, families=tuple(FAMIL
                     g = copy.deepcopy(template)
                     times[name].append(timed(passes[name], g))
                     out[name] = g
-            row = {"family": family, "run_length": FAMILIES[family], "nodes": n, "graph_nodes": nodes,
-                   "generate_s": gen, "hazards_before": before}
+            row = {
+                "family": family,
+                "run_length": FAMILIES[family],
+                "nodes": n,
+                "graph_nodes": nodes,
+                "generate_s": gen,
+                "hazards_before": before,
+            }
             for name in names:
                 row[name] = {
                     "times_s": times[name],
@@ -336,8 +347,10 @@ def bench_synthetic(sizes, repeats, seed=0, torch_max=None, families=tuple(FAMIL
             if "torch" in row:
                 row["speedup"] = row["torch"]["median_s"] / row["streampass"]["median_s"]
                 row["speedup_unchecked"] = row["torch"]["median_s"] / row["streampass_unchecked"]["median_s"]
-            log(f"  {family:>11} {n:>6} nodes: streampass {row['streampass']['median_s']:.3f} s"
-                + (f", torch {row['torch']['median_s']:.3f} s ({row['speedup']:.1f}x)" if "torch" in row else ""))
+            log(
+                f"  {family:>11} {n:>6} nodes: streampass {row['streampass']['median_s']:.3f} s"
+                + (f", torch {row['torch']['median_s']:.3f} s ({row['speedup']:.1f}x)" if "torch" in row else "")
+            )
             rows.append(row)
             del out, template
     return rows
@@ -392,8 +405,7 @@ def bench_blocks(repeats, small=False, log=print, trace_dir=None) -> list[dict]:
                     "schedule": sched(out),
                 }
                 if trace_dir is not None:
-                    simulate(out, "h100").save_chrome_trace(
-                        Path(trace_dir) / f"{model}_{part}_{name}.trace.json")
+                    simulate(out, "h100").save_chrome_trace(Path(trace_dir) / f"{model}_{part}_{name}.trace.json")
             log(f"  {row['graph']}: done")
             rows.append(row)
     return rows
@@ -438,56 +450,86 @@ def races(d: dict) -> str:
 def markdown(result: dict) -> str:
     out = []
     m = result["machine"]
-    out.append(f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; "
-               f"Python {m['python']}, torch {m['torch']}, networkx {m['networkx']}. "
-               f"Command: `{result['command']}`.\n")
+    out.append(
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; "
+        f"Python {m['python']}, torch {m['torch']}, networkx {m['networkx']}. "
+        f"Command: `{result['command']}`.\n"
+    )
     syn = result["synthetic"]
-    out.append("#### Pass time and node growth, random 4-stream graphs (median of "
-               f"{len(syn[0]['streampass']['times_s'])}; fresh copy per run)\n")
-    out.append("| family | nodes | streampass.run | run(check=False) | torch insert_backward_syncs + wrap "
-               "| torch / run | torch / run(check=False) | node growth: streampass / torch | edit floor | read floor "
-               "| torch / floor |")
+    out.append(
+        "#### Pass time and node growth, random 4-stream graphs (median of "
+        f"{len(syn[0]['streampass']['times_s'])}; fresh copy per run)\n"
+    )
+    out.append(
+        "| family | nodes | streampass.run | run(check=False) | torch insert_backward_syncs + wrap "
+        "| torch / run | torch / run(check=False) | node growth: streampass / torch | edit floor | read floor "
+        "| torch / floor |"
+    )
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in syn:
         s, u, t = r["streampass"], r["streampass_unchecked"], r.get("torch")
-        out.append(f"| {r['family']} | {r['nodes']:,} | {s['median_s']:.3f} s | {u['median_s']:.3f} s | "
-                   + (f"{t['median_s']:.3f} s | **{r['speedup']:.1f}x** | {r['speedup_unchecked']:.1f}x | "
-                      f"{s['node_growth']:.2f}x / {t['node_growth']:.2f}x | {r['edit_floor_s'] * 1e3:.0f} ms | "
-                      f"{r['read_floor_s'] * 1e3:.0f} ms | {t['median_s'] / r['floor_s']:.0f}x |" if t else
-                      f"not run | | | {s['node_growth']:.2f}x / | {r['edit_floor_s'] * 1e3:.0f} ms | "
-                      f"{r['read_floor_s'] * 1e3:.0f} ms | |"))
+        out.append(
+            f"| {r['family']} | {r['nodes']:,} | {s['median_s']:.3f} s | {u['median_s']:.3f} s | "
+            + (
+                f"{t['median_s']:.3f} s | **{r['speedup']:.1f}x** | {r['speedup_unchecked']:.1f}x | "
+                f"{s['node_growth']:.2f}x / {t['node_growth']:.2f}x | {r['edit_floor_s'] * 1e3:.0f} ms | "
+                f"{r['read_floor_s'] * 1e3:.0f} ms | {t['median_s'] / r['floor_s']:.0f}x |"
+                if t
+                else f"not run | | | {s['node_growth']:.2f}x / | {r['edit_floor_s'] * 1e3:.0f} ms | "
+                f"{r['read_floor_s'] * 1e3:.0f} ms | |"
+            )
+        )
     nogc = [r for r in syn if "torch_nogc" in r]
     if nogc:
         out.append("")
-        out.append("torch's passes with the collector paused too (streampass.run pauses it for itself): " + "; ".join(
-            f"{r['family']} {r['nodes']:,}: {r['torch_nogc']['median_s']:.3f} s "
-            f"({r['torch_nogc']['median_s'] / r['streampass']['median_s']:.1f}x streampass.run, "
-            f"{r['torch_nogc']['median_s'] / r['floor_s']:.0f}x the floor)" for r in nogc) + ".")
+        out.append(
+            "torch's passes with the collector paused too (streampass.run pauses it for itself): "
+            + "; ".join(
+                f"{r['family']} {r['nodes']:,}: {r['torch_nogc']['median_s']:.3f} s "
+                f"({r['torch_nogc']['median_s'] / r['streampass']['median_s']:.1f}x streampass.run, "
+                f"{r['torch_nogc']['median_s'] / r['floor_s']:.0f}x the floor)"
+                for r in nogc
+            )
+            + "."
+        )
     g = result.get("growth")
     if g:
         out.append("")
         for family, steps in g.items():
-            out.append(f"Time growth for 4x the nodes ({family}): " + "; ".join(
-                f"{k}: streampass {v['streampass']:.2f}x" + (f", torch {v['torch']:.2f}x" if v.get("torch") else "")
-                for k, v in steps.items()) + ".")
+            out.append(
+                f"Time growth for 4x the nodes ({family}): "
+                + "; ".join(
+                    f"{k}: streampass {v['streampass']:.2f}x" + (f", torch {v['torch']:.2f}x" if v.get("torch") else "")
+                    for k, v in steps.items()
+                )
+                + "."
+            )
     out.append("\n#### Syncs added and races left (`streampass.analysis.verify` on each result)\n")
-    out.append("| family | nodes | hazards before | streampass: records / waits | races left | "
-               "torch: records / waits | races left |")
+    out.append(
+        "| family | nodes | hazards before | streampass: records / waits | races left | "
+        "torch: records / waits | races left |"
+    )
     out.append("|---|---:|---|---:|---|---:|---|")
     for r in syn:
         s, t = r["streampass"], r.get("torch")
-        out.append(f"| {r['family']} | {r['nodes']:,} | {races(r['hazards_before'])} | {s['records']} / {s['waits']} | "
-                   f"{races(s['races_left'])} | "
-                   + (f"{t['records']} / {t['waits']} | {races(t['races_left'])} |" if t else "| |"))
+        out.append(
+            f"| {r['family']} | {r['nodes']:,} | {races(r['hazards_before'])} | {s['records']} / {s['waits']} | "
+            f"{races(s['races_left'])} | "
+            + (f"{t['records']} / {t['waits']} | {races(t['races_left'])} |" if t else "| |")
+        )
     out.append("\n#### Traced blocks (aot_function forward and backward), H100 profile\n")
-    out.append("| graph | nodes | hazards before | pass | time | records / waits | races left | "
-               "makespan | serial | critical path | schedule races |")
+    out.append(
+        "| graph | nodes | hazards before | pass | time | records / waits | races left | "
+        "makespan | serial | critical path | schedule races |"
+    )
     out.append("|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|")
     for r in result["models"]:
         u = r["unsynchronised"]
-        out.append(f"| {r['graph']} | {r['graph_nodes']} | {races(r['hazards_before'])} | none | | | | "
-                   f"{u['makespan_us']:.1f} us | {u['serial_us']:.1f} us | {u['critical_path_us']:.1f} us | "
-                   f"{u['schedule_races']} |")
+        out.append(
+            f"| {r['graph']} | {r['graph_nodes']} | {races(r['hazards_before'])} | none | | | | "
+            f"{u['makespan_us']:.1f} us | {u['serial_us']:.1f} us | {u['critical_path_us']:.1f} us | "
+            f"{u['schedule_races']} |"
+        )
         for name in ("streampass", "torch"):
             p = r.get(name)
             if p is None:
@@ -496,9 +538,11 @@ def markdown(result: dict) -> str:
                 out.append(f"| | | | {name} | error: `{p['error'][:80]}` | | | | | | |")
                 continue
             s = p["schedule"]
-            out.append(f"| | | | {name} | {p['median_s'] * 1e3:.1f} ms | {p['records']} / {p['waits']} | "
-                       f"{races(p['races_left'])} | {s['makespan_us']:.1f} us | {s['serial_us']:.1f} us | "
-                       f"{s['critical_path_us']:.1f} us | {s['schedule_races']} |")
+            out.append(
+                f"| | | | {name} | {p['median_s'] * 1e3:.1f} ms | {p['records']} / {p['waits']} | "
+                f"{races(p['races_left'])} | {s['makespan_us']:.1f} us | {s['serial_us']:.1f} us | "
+                f"{s['critical_path_us']:.1f} us | {s['schedule_races']} |"
+            )
     return "\n".join(out)
 
 
@@ -524,8 +568,13 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", type=int, nargs="*", help="node counts (default 1000 4000 16000 64000)")
     p.add_argument("--repeats", type=int, help="measurements per size (default 3, quick 1)")
     p.add_argument("--torch-max", type=int, default=None, help="skip torch's pass above this size")
-    p.add_argument("--families", nargs="*", choices=list(FAMILIES), default=list(FAMILIES),
-                   help="which random-graph families to run (default: all)")
+    p.add_argument(
+        "--families",
+        nargs="*",
+        choices=list(FAMILIES),
+        default=list(FAMILIES),
+        help="which random-graph families to run (default: all)",
+    )
     p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/<quick|full>.json)")
     p.add_argument("--traces", type=Path, help="also write Chrome traces of the traced blocks here")
     args = p.parse_args(argv)
@@ -544,10 +593,15 @@ def main(argv=None) -> int:
         args.traces.mkdir(parents=True, exist_ok=True)
     models = bench_blocks(repeats, log=log, trace_dir=args.traces)
     result = {
-        "command": " ".join(["python benchmarks/run.py", *(["--quick"] if args.quick else []),
-                             *([f"--repeats {args.repeats}"] if args.repeats else []),
-                             *([f"--sizes {' '.join(map(str, args.sizes))}"] if args.sizes else []),
-                             *([f"--families {' '.join(args.families)}"] if args.families != list(FAMILIES) else [])]),
+        "command": " ".join(
+            [
+                "python benchmarks/run.py",
+                *(["--quick"] if args.quick else []),
+                *([f"--repeats {args.repeats}"] if args.repeats else []),
+                *([f"--sizes {' '.join(map(str, args.sizes))}"] if args.sizes else []),
+                *([f"--families {' '.join(args.families)}"] if args.families != list(FAMILIES) else []),
+            ]
+        ),
         "machine": machine(),
         "synthetic": syn,
         "growth": growth(syn),

@@ -40,8 +40,6 @@ def _stream_eager(k: int) -> Iterator[None]:
     # make_fx copies current_meta into nodes only while node meta is preserved. Enter that mode
     # only if nobody did: preserve_node_meta restores a shallow copy on exit, which would undo
     # an outer block's annotation.
-    preserve = (
-        contextlib.nullcontext() if fx_traceback.has_preserved_node_meta() else fx_traceback.preserve_node_meta()
-    )
+    preserve = contextlib.nullcontext() if fx_traceback.has_preserved_node_meta() else fx_traceback.preserve_node_meta()
     with preserve, fx_traceback.annotate({"stream": k}):
         yield

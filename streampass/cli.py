@@ -25,12 +25,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="on an error, show the traceback")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="trace the embedded model, report its streams and hazards, fix them")
-    demo.add_argument("--html", default="streampass-demo.html", metavar="PATH", help="write the HTML report here ('' for none)")
+    demo.add_argument(
+        "--html", default="streampass-demo.html", metavar="PATH", help="write the HTML report here ('' for none)"
+    )
     insp = sub.add_parser("inspect", help="report a torch.export .pt2 program or a module:function, fix it, write HTML")
-    insp.add_argument("target", metavar="TARGET", help="a .pt2 file (torch.export.save), module:function or module:ModuleClass")
+    insp.add_argument(
+        "target", metavar="TARGET", help="a .pt2 file (torch.export.save), module:function or module:ModuleClass"
+    )
     insp.add_argument("--shapes", help="example input shapes for module:function, e.g. 8x16,16x4")
     insp.add_argument("--dtype", default="float32", help="dtype of the random example inputs (default float32)")
-    insp.add_argument("--html", default="streampass-inspect.html", metavar="PATH", help="write the HTML report here ('' for none)")
+    insp.add_argument(
+        "--html", default="streampass-inspect.html", metavar="PATH", help="write the HTML report here ('' for none)"
+    )
     for cmd in (demo, insp):
         cmd.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
@@ -59,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, UsageError):
             print(f"streampass {args.command}: {what}", file=sys.stderr)
         else:
-            print(f"streampass {args.command}: {type(e).__name__}: {what} (--debug shows the traceback)", file=sys.stderr)
+            print(
+                f"streampass {args.command}: {type(e).__name__}: {what} (--debug shows the traceback)", file=sys.stderr
+            )
         return 2
 
 

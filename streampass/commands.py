@@ -112,7 +112,13 @@ def demo(args: argparse.Namespace) -> int:
         f"no-ops, so this checks the rewrite kept the program's meaning; race-freedom is what the "
         f"static check above proves)"
     )
-    _write_html(args, original, gm, "streampass demo: attention block with side streams", describe(before) + [f"pass: {result.summary()}"])
+    _write_html(
+        args,
+        original,
+        gm,
+        "streampass demo: attention block with side streams",
+        describe(before) + [f"pass: {result.summary()}"],
+    )
     if not (result.ok and same):
         return 1
     return 0
@@ -133,7 +139,9 @@ def _shape(spec: str) -> tuple[int, ...]:
     except ValueError:
         dims = ()
     if not dims or any(d < 0 for d in dims):
-        raise UsageError(f"--shapes: {spec.strip()!r} is not a shape; write sizes joined by x, shapes by commas: 8x16,16x4")
+        raise UsageError(
+            f"--shapes: {spec.strip()!r} is not a shape; write sizes joined by x, shapes by commas: 8x16,16x4"
+        )
     return dims
 
 
@@ -208,7 +216,9 @@ def inspect(args: argparse.Namespace) -> int:
         lines.append("  (only the ambient stream: torch.export keeps streampass.stream annotations with strict=True)")
     hazards = dag.hazards()
     kinds = Counter(h.kind for h in hazards)
-    lines.append(f"hazards before the pass: {len(hazards)} ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})")
+    lines.append(
+        f"hazards before the pass: {len(hazards)} ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})"
+    )
     shown = {}
     for h in hazards:
         shown.setdefault(h.kind, h)

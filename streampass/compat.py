@@ -158,7 +158,7 @@ _object_table_stays_one_list()
 
 
 def graph_kind(graph: torch.fx.Graph, is_inference: bool | None) -> str:
-    """"inference", "forward" or "backward": which graph of a compile inductor hands a post-grad
+    """ "inference", "forward" or "backward": which graph of a compile inductor hands a post-grad
     pass. torch >= 2.13 says whether it is an inference graph (``is_inference``); torch 2.11
     and 2.12 do not (None), and AOT autograd's placeholder names tell: ``primals_*`` for a training
     forward, ``tangents_*`` in a backward, ``arg*`` in an inference graph.

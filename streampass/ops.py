@@ -38,6 +38,7 @@ def check_stream_index(k: object, node: str | None = None) -> int:
         raise StreamPassError(f"stream index {k} does not fit in the int64 the stream ops take (max {MAX_INDEX})", node)
     return k
 
+
 class _Absent:
     """Stands for a stream op this torch does not have (no graph can call it)."""
 
@@ -201,7 +202,7 @@ def _positional(target: Any, args: tuple, kwargs: dict) -> tuple:
     if not kwargs:
         return tuple(args)
     out = list(args)
-    for a in target._schema.arguments[len(args):]:
+    for a in target._schema.arguments[len(args) :]:
         if a.name in kwargs:
             out.append(kwargs[a.name])
         elif a.has_default_value():

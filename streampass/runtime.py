@@ -77,7 +77,9 @@ _FALLBACK: dict[tuple[str, int], Any] = {}
 
 def _fallback_object(index: int):
     acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    device = torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
+    device = (
+        torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
+    )
     if device.type == "cpu":
         key = ("cpu", index)
         if key not in _FALLBACK:

@@ -21,8 +21,18 @@ PACKAGE = Path(__file__).resolve().parent.parent / "streampass"
 MAX_LINES = 400
 
 #: FX calls and assignments that change a graph
-EDITS = ("create_node", "erase_node", "inserting_before", "inserting_after", "replace_all_uses_with",
-         "replace_input_with", "add_submodule", "delete_submodule", "call_function", "recompile")
+EDITS = (
+    "create_node",
+    "erase_node",
+    "inserting_before",
+    "inserting_after",
+    "replace_all_uses_with",
+    "replace_input_with",
+    "add_submodule",
+    "delete_submodule",
+    "call_function",
+    "recompile",
+)
 MAY_EDIT = ("transform/", "runtime.py", "synthetic.py")
 
 
@@ -72,12 +82,16 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("mod", [m for m in MODULES if m.startswith("streampass.analysis")])
 def test_analysis_imports_nothing_above_it(mod):
-    above = ("streampass.transform", "streampass.sim", "streampass.view", "streampass.inductor",
-             "streampass.runtime", "streampass.commands")
+    above = (
+        "streampass.transform",
+        "streampass.sim",
+        "streampass.view",
+        "streampass.inductor",
+        "streampass.runtime",
+        "streampass.commands",
+    )
     bad = [
-        target
-        for target, _, _, func in _imports(MODULES[mod])
-        if target.startswith(above) and func != "_repr_html_"
+        target for target, _, _, func in _imports(MODULES[mod]) if target.startswith(above) and func != "_repr_html_"
     ]
     assert not bad, "\n".join(bad)
 

@@ -24,13 +24,13 @@ def test_edit_floor_replays_exactly_streampass_edits(family):
     script, dropped = run_bench.edit_script(template, result)
     kinds = {step[0] for step in script}
     assert {"keep", "new"} <= kinds and kinds & {"swap", "edit"}  # old nodes re-pointed, new ones added
-    assert sum(step[0] == "new" for step in script) == len(result.graph.nodes) - len(template.graph.nodes) + len(dropped)
+    assert sum(step[0] == "new" for step in script) == len(result.graph.nodes) - len(template.graph.nodes) + len(
+        dropped
+    )
     # edit_floor checks the replayed copy against the result node for node, and times it.
     assert run_bench.edit_floor(template, result, repeats=1) > 0
     # The template itself is untouched (each replay works on a copy).
     assert [n.name for n in template.graph.nodes] != [n.name for n in result.graph.nodes]
-
-
 
 
 def test_edit_floor_replays_annotations_and_erased_fork_join():
@@ -41,6 +41,7 @@ def test_edit_floor_replays_annotations_and_erased_fork_join():
     script, dropped = run_bench.edit_script(template, result)
     assert dropped and any(step[0] == "edit" and step[5] is not run_bench._SAME for step in script)
     assert run_bench.edit_floor(template, result, repeats=1) > 0
+
 
 def test_edit_floor_refuses_a_replay_that_does_not_reproduce_the_output(monkeypatch):
     template = run_bench.synthetic_graph(200, "regions", seed=4)

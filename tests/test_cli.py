@@ -13,7 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(*argv, cwd=None):
-    return subprocess.run([sys.executable, "-m", "streampass", *argv], capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "streampass", *argv], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def test_help_and_version_need_no_torch():
@@ -39,7 +41,8 @@ def test_python_dash_m_and_version():
 
 @pytest.fixture
 def user_folder(tmp_path):
-    (tmp_path / "mymod.py").write_text(textwrap.dedent('''
+    (tmp_path / "mymod.py").write_text(
+        textwrap.dedent("""
         import torch
         import streampass as sp
 
@@ -61,7 +64,8 @@ def user_folder(tmp_path):
         class NeedsArgs(torch.nn.Module):
             def __init__(self, width):
                 super().__init__()
-    '''))
+    """)
+    )
     return tmp_path
 
 

@@ -49,8 +49,7 @@ def op_node(target, *arg_vals, out=None, graph=None, kwargs=None):
 
 
 def mm_node(m, k, n, dtype=torch.bfloat16):
-    return op_node(aten.mm.default, meta(m, k, dtype=dtype), meta(k, n, dtype=dtype),
-                   out=meta(m, n, dtype=dtype))
+    return op_node(aten.mm.default, meta(m, k, dtype=dtype), meta(k, n, dtype=dtype), out=meta(m, n, dtype=dtype))
 
 
 def close(a, b, rel=0.01):
@@ -78,11 +77,11 @@ def test_mm_fp32_uses_fp32_peak():
 def test_addmm_and_bmm_use_flop_formulas():
     b, m, k, n = 8, 2048, 2048, 2048
     dt = torch.bfloat16
-    node = op_node(aten.bmm.default, meta(b, m, k, dtype=dt), meta(b, k, n, dtype=dt),
-                   out=meta(b, m, n, dtype=dt))
+    node = op_node(aten.bmm.default, meta(b, m, k, dtype=dt), meta(b, k, n, dtype=dt), out=meta(b, m, n, dtype=dt))
     assert close(CostModel("h100").node_time(node), 2 * b * m * k * n / 989e12 + LAUNCH)
-    node = op_node(aten.addmm.default, meta(n, dtype=dt), meta(m, k, dtype=dt),
-                   meta(k, n, dtype=dt), out=meta(m, n, dtype=dt))
+    node = op_node(
+        aten.addmm.default, meta(n, dtype=dt), meta(m, k, dtype=dt), meta(k, n, dtype=dt), out=meta(m, n, dtype=dt)
+    )
     assert close(CostModel("h100").node_time(node), 2 * m * k * n / 989e12 + LAUNCH)
 
 
@@ -127,8 +126,12 @@ def test_doubling_m_doubles_mm_time(m):
 
 
 @settings(max_examples=60, deadline=None)
-@given(m=st.integers(1, 1 << 14), k=st.integers(1, 1 << 12), n=st.integers(1, 1 << 12),
-       profile=st.sampled_from(sorted(PROFILES)))
+@given(
+    m=st.integers(1, 1 << 14),
+    k=st.integers(1, 1 << 12),
+    n=st.integers(1, 1 << 12),
+    profile=st.sampled_from(sorted(PROFILES)),
+)
 def test_mm_time_is_monotonic_in_every_dimension(m, k, n, profile):
     model = CostModel(profile)
     t = model.node_time(mm_node(m, k, n))
@@ -142,8 +145,19 @@ def test_conv_uses_flop_formula():
     # N=32, C=256 -> 256, 3x3, 56x56, bf16: 2 * N*Cout*H*W * Cin*kh*kw flops
     dt = torch.bfloat16
     x, w = meta(32, 256, 56, 56, dtype=dt), meta(256, 256, 3, 3, dtype=dt)
-    node = op_node(aten.convolution.default, x, w, None, [1, 1], [1, 1], [1, 1], False,
-                   [0, 0], 1, out=meta(32, 256, 56, 56, dtype=dt))
+    node = op_node(
+        aten.convolution.default,
+        x,
+        w,
+        None,
+        [1, 1],
+        [1, 1],
+        [1, 1],
+        False,
+        [0, 0],
+        1,
+        out=meta(32, 256, 56, 56, dtype=dt),
+    )
     flops = 2 * 32 * 256 * 56 * 56 * 256 * 9
     assert close(CostModel("a100").node_time(node), flops / 312e12 + 5e-6)
 
@@ -162,8 +176,19 @@ def test_view_ops_cost_zero_in_traced_graph():
     # by op, not node name: make_fx traces .detach() as aten.detach up to torch 2.13 and as
     # aten.alias from 2.14 on
     ops_of = {n.name: n.target._opname for n in gm.graph.nodes if n.op == "call_function"}
-    views = {"view", "t", "transpose", "permute", "unsqueeze", "squeeze", "slice",
-             "select", "expand", "_unsafe_view", "alias"}
+    views = {
+        "view",
+        "t",
+        "transpose",
+        "permute",
+        "unsqueeze",
+        "squeeze",
+        "slice",
+        "select",
+        "expand",
+        "_unsafe_view",
+        "alias",
+    }
     assert views <= set(ops_of.values()), sorted(ops_of.values())
     assert sum(op in ("alias", "detach") for op in ops_of.values()) == 2  # alias(...) and .detach()
     for name, op in ops_of.items():
@@ -288,8 +313,7 @@ def test_override_by_callable_with_none_meaning_no_override():
         return 1e-3 if node.target is aten.mm.default else None
 
     model = CostModel("h100", overrides=override)
-    gm = make_fx(lambda a, b: (a @ b).relu(), tracing_mode="fake")(
-        torch.randn(64, 64), torch.randn(64, 64))
+    gm = make_fx(lambda a, b: (a @ b).relu(), tracing_mode="fake")(torch.randn(64, 64), torch.randn(64, 64))
     times = model.graph_times(gm)
     assert times["mm"] == 1e-3
     assert times["relu"] == CostModel("h100").graph_times(gm)["relu"]
@@ -328,8 +352,7 @@ def test_make_fx_on_meta_device_inputs():
 
 
 def test_make_fx_symbolic_shapes_use_hints():
-    gm = make_fx(lambda a, b: a @ b, tracing_mode="symbolic")(
-        torch.randn(1024, 2048), torch.randn(2048, 4096))
+    gm = make_fx(lambda a, b: a @ b, tracing_mode="symbolic")(torch.randn(1024, 2048), torch.randn(2048, 4096))
     val = next(n for n in gm.graph.nodes if n.name == "mm").meta["val"]
     assert isinstance(val.shape[0], torch.SymInt)
     shape_env = val.shape[0].node.shape_env
@@ -390,11 +413,11 @@ def test_call_module_and_call_method_without_meta():
     assert model.node_time(method) == LAUNCH
 
 
-@pytest.mark.parametrize("dtype", [torch.complex64, torch.bool, torch.uint16,
-                                   torch.float8_e5m2, torch.int64, torch.bits8])
+@pytest.mark.parametrize(
+    "dtype", [torch.complex64, torch.bool, torch.uint16, torch.float8_e5m2, torch.int64, torch.bits8]
+)
 def test_unusual_dtypes_do_not_raise(dtype):
-    node = op_node(aten.add.Tensor, meta(1024, dtype=dtype), meta(1024, dtype=dtype),
-                   out=meta(1024, dtype=dtype))
+    node = op_node(aten.add.Tensor, meta(1024, dtype=dtype), meta(1024, dtype=dtype), out=meta(1024, dtype=dtype))
     for name in PROFILES:
         t = CostModel(name).node_time(node)
         assert t >= PROFILES[name].launch_overhead
@@ -422,8 +445,7 @@ def test_odd_meta_values_do_not_raise():
 
 
 def test_symint_arithmetic_costs_zero():
-    gm = make_fx(lambda a: a.view(-1) * (a.shape[0] * a.shape[1]), tracing_mode="symbolic")(
-        torch.randn(8, 4))
+    gm = make_fx(lambda a: a.view(-1) * (a.shape[0] * a.shape[1]), tracing_mode="symbolic")(torch.randn(8, 4))
     times = CostModel("h100").graph_times(gm)
     sym = [n for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.SymInt)]
     assert {n.target for n in sym} == {aten.sym_size.int, operator.mul}, gm.graph
@@ -458,8 +480,9 @@ def test_device_profile_is_frozen_and_hashable():
 
 
 def test_custom_profile_and_fallbacks():
-    p = DeviceProfile("toy", {torch.float16: 8e12, torch.float32: 2e12}, mem_bandwidth=1e9,
-                      launch_overhead=0.0, sync_cost=1.0)
+    p = DeviceProfile(
+        "toy", {torch.float16: 8e12, torch.float32: 2e12}, mem_bandwidth=1e9, launch_overhead=0.0, sync_cost=1.0
+    )
     assert p.flops_for(torch.int8) == 2e12  # no "default": float32 rate
     assert DeviceProfile("x", {torch.float16: 8e12}, 1.0).flops_for(None) == 8e12
     node = mm_node(100, 100, 100, dtype=torch.float16)

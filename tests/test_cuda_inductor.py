@@ -84,9 +84,7 @@ def _kernel_streams(call) -> set[int]:
         with open(f.name) as saved:
             trace = json.load(saved)
     return {
-        e["args"]["stream"]
-        for e in trace["traceEvents"]
-        if e.get("cat") == "kernel" and "stream" in e.get("args", {})
+        e["args"]["stream"] for e in trace["traceEvents"] if e.get("cat") == "kernel" and "stream" in e.get("args", {})
     }
 
 

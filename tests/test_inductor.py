@@ -137,12 +137,7 @@ def _compile_and_run(name, style, mode, pass_=None):
     return got, want, pass_, sum(spi.RUNTIME_SYNCS.values()) - syncs0
 
 
-CASES = [
-    (name, style, mode)
-    for name in SCENARIOS
-    for style in STYLES
-    for mode in ("inference", "training")
-]
+CASES = [(name, style, mode) for name in SCENARIOS for style in STYLES for mode in ("inference", "training")]
 
 
 @pytest.mark.parametrize("name,style,mode", CASES, ids=["-".join(c) for c in CASES])

@@ -295,7 +295,9 @@ def test_chrome_trace_structure():
     slices = [e for e in events if e["ph"] == "X"]
     device = [e for e in slices if e["pid"] == 0]
     assert {e["tid"] for e in device} == set(s.streams) == {0, 1, 2}
-    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 0}
+    names = {
+        e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 0
+    }
     assert names[0] == "stream 0 (ambient)" and names[2] == "stream 2"
     assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in slices)
     # every kernel of the graph is on its stream's track

@@ -272,7 +272,9 @@ def _traced_models():
         return (a * b).sum()
 
     with cpu_safe_aot():
-        aot_function(block, fw_compiler=keep, bw_compiler=keep)(*[torch.randn(4, 4, requires_grad=True) for _ in range(3)]).backward()
+        aot_function(block, fw_compiler=keep, bw_compiler=keep)(
+            *[torch.randn(4, 4, requires_grad=True) for _ in range(3)]
+        ).backward()
     yield "training forward", graphs[0]
     yield "training backward", graphs[1]
 
@@ -287,7 +289,13 @@ def test_every_traced_model_run_returns_is_capturable():
         assert result.ok, (name, result.after)
         assert unjoined(gm) == [], name
         # the free points are still there (memory safety) and come before the last joins
-        keep = [n for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None and c.wrapper is not None and len(c.wrapper.args) > 2 + len(c.args)]
+        keep = [
+            n
+            for n in gm.graph.nodes
+            if (c := ops.as_sync_call(n)) is not None
+            and c.wrapper is not None
+            and len(c.wrapper.args) > 2 + len(c.args)
+        ]
         assert keep, f"{name}: no wait holds a value alive"
         assert not sp.run(gm).changed, name
         seen += 1

@@ -60,7 +60,9 @@ def test_hazard_red_with_message_as_tooltip(small):
     hz = dag.hazards()
     raw = next(h for h in hz if h.kind == "raw")
     g = pydot.graph_from_dot_data(view.to_dot(dag))[0]
-    nodes = {n.get("label").strip('"').split("\\n")[0]: n for c in g.get_subgraphs() for n in c.get_nodes() if n.get("label")}
+    nodes = {
+        n.get("label").strip('"').split("\\n")[0]: n for c in g.get_subgraphs() for n in c.get_nodes() if n.get("label")
+    }
     reader = nodes[raw.nodes[-1]]
     assert reader.get("color").strip('"') == style.HAZARD_COLOUR
     assert raw.message in reader.get("tooltip")
@@ -143,7 +145,9 @@ def test_regions(small):
     v = view.region(dag, stream=1)
     on1 = set(dag.nodes_on(1))
     assert on1 <= set(v.nodes)
-    assert all(dag.stream_of(x) == 1 or any(dag.nx.has_edge(x, y) or dag.nx.has_edge(y, x) for y in on1) for x in v.nodes)
+    assert all(
+        dag.stream_of(x) == 1 or any(dag.nx.has_edge(x, y) or dag.nx.has_edge(y, x) for y in on1) for x in v.nodes
+    )
     near = view.region(dag, around="relu", depth=1)
     assert set(near.nodes) == {"relu", "add", "mm"}
     assert "within 1" in near.note
@@ -164,7 +168,9 @@ def test_big_graph_is_capped_and_says_what_was_left_out():
     elapsed = time.perf_counter() - t
     v = view.region(dag)
     assert len(v.nodes) == view.MAX_NODES
-    assert v.left_out == len(dag.nx) - view.MAX_NODES - sum(1 for n in view.data(dag).nodes if n["role"] in ("alias", "subgraph"))
+    assert v.left_out == len(dag.nx) - view.MAX_NODES - sum(
+        1 for n in view.data(dag).nodes if n["role"] in ("alias", "subgraph")
+    )
     assert "left out" in v.note and "view.region(dag, around=" in v.note
     assert len(page) < 5_000_000
     assert elapsed < 60
@@ -217,7 +223,9 @@ def _lanes_top_to_bottom(svg: str) -> list[int]:
     """Stream of each drawn lane, top to bottom (a cluster's box starts at its top-left corner)."""
     import re
 
-    tops = re.findall(r"<title>cluster_stream_(\d+)</title>.*?<(?:path|polygon)[^>]*(?:d=\"M|points=\")[\d.\-]+,([\d.\-]+)", svg, re.S)
+    tops = re.findall(
+        r"<title>cluster_stream_(\d+)</title>.*?<(?:path|polygon)[^>]*(?:d=\"M|points=\")[\d.\-]+,([\d.\-]+)", svg, re.S
+    )
     return [int(s) for s, _ in sorted(tops, key=lambda t: float(t[1]))]
 
 

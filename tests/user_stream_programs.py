@@ -1809,10 +1809,7 @@ PROGRAMS: list[Program] = [
         fn=stream_input,
         inputs=lambda: (*_two(), torch.Stream(DEVICE)),
         training=False,
-        note=(
-            "[eager-backend: ok] "
-            "A stream passed in and returned unchanged; upstream checks compiled == eager."
-        ),
+        note=("[eager-backend: ok] A stream passed in and returned unchanged; upstream checks compiled == eager."),
     ),
     Program(
         name="local_stream_return",
@@ -1895,10 +1892,7 @@ PROGRAMS: list[Program] = [
         fn=local_stream_nested_enter_exit,
         inputs=lambda: _two(),
         training=False,
-        note=(
-            "[eager-backend: ok] "
-            "Nested contexts of three locally created streams; upstream checks annotations."
-        ),
+        note=("[eager-backend: ok] Nested contexts of three locally created streams; upstream checks annotations."),
     ),
     Program(
         name="stream_with_mutation",
@@ -1994,7 +1988,7 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4, requires_grad=True).clone(),),
         training=False,
         raises=RuntimeError,
-        match='Mutations on inputs with user-specified streams',
+        match="Mutations on inputs with user-specified streams",
         note=(
             "[eager-backend: no error raised; upstream expects RuntimeError from extract_graph's"
             " AOTAutograd path, which the eager backend does not run] "
@@ -2054,8 +2048,7 @@ PROGRAMS: list[Program] = [
             "[eager-backend: traces, fails at run: RuntimeError: cpu backend doesn't support "
             "events.] "
             "s1 records e1 then e2, s2 waits e1, s3 waits e2; upstream (wrapping patched out, "
-            "then applied manually) checks each wait's control_deps depends on its own record. "
-            + _EV_NOTE
+            "then applied manually) checks each wait's control_deps depends on its own record. " + _EV_NOTE
         ),
     ),
     Program(
@@ -2080,7 +2073,10 @@ PROGRAMS: list[Program] = [
             torch.ones(4, 4, requires_grad=True),
         ),
         training=True,
-        since=(2, 13),  # torch 2.11's inductor fails on it ('a leaf Variable that requires grad is being used in an in-place operation')
+        since=(
+            2,
+            13,
+        ),  # torch 2.11's inductor fails on it ('a leaf Variable that requires grad is being used in an in-place operation')
         note=(
             "[eager-backend: ok] "
             "autograd.Function with ctx streams: forward on s2, backward mutates the saved x on s1 "
@@ -2134,7 +2130,7 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
-        match='An event was recorded on a stream',
+        match="An event was recorded on a stream",
         since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
@@ -2151,7 +2147,7 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
-        match='An event was recorded on a stream',
+        match="An event was recorded on a stream",
         since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
@@ -2168,7 +2164,7 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
-        match='An event was recorded on a stream',
+        match="An event was recorded on a stream",
         since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
@@ -2186,7 +2182,7 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
-        match='An event was recorded on a stream',
+        match="An event was recorded on a stream",
         since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
@@ -2203,7 +2199,7 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4), CpuEvent(DEVICE)),
         training=False,
         raises=RuntimeError,
-        match='An event was recorded on a stream',
+        match="An event was recorded on a stream",
         since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
@@ -2245,7 +2241,7 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (torch.ones(4, 4),),
         training=False,
         raises=RuntimeError,
-        match='An event was recorded on a stream',
+        match="An event was recorded on a stream",
         since=(2, 12),  # torch 2.11 has no check for an event recorded after an input mutation
         note=(
             "[eager-backend: raises as upstream expects: RuntimeError "
@@ -2288,8 +2284,7 @@ PROGRAMS: list[Program] = [
         note=(
             "[eager-backend: fails: IndexError: deque index out of range] "
             "y before record, synchronize, z = y * 2 after; upstream (wrapping patched out, stream "
-            "meta set by hand, then the private pass) checks y is threaded through both control_deps. "
-            + _EV_NOTE
+            "meta set by hand, then the private pass) checks y is threaded through both control_deps. " + _EV_NOTE
         ),
     ),
     Program(
@@ -2319,9 +2314,7 @@ PROGRAMS: list[Program] = [
         name="event_synchronize_e2e",
         upstream=DYN + "test_event_synchronize_e2e",
         fn=event_synchronize_e2e,
-        inputs=lambda: (
-            [torch.rand(4, generator=_gen(i)).to(torch.float16) for i in range(10)],
-        ),
+        inputs=lambda: ([torch.rand(4, generator=_gen(i)).to(torch.float16) for i in range(10)],),
         training=False,
         note=(
             "[eager-backend: fails: IndexError: deque index out of range] "
@@ -2385,10 +2378,7 @@ PROGRAMS: list[Program] = [
         fn=del_single_stream_no_sync_dealloc,
         inputs=lambda: (torch.ones(4, 4), torch.ones(4, 4)),
         training=False,
-        note=(
-            "[eager-backend: ok] "
-            "No streams at all (negative control): `del x`; upstream checks no sync_dealloc."
-        ),
+        note=("[eager-backend: ok] No streams at all (negative control): `del x`; upstream checks no sync_dealloc."),
     ),
     Program(
         name="del_attr_multi_stream_sync_dealloc",
@@ -2469,10 +2459,7 @@ PROGRAMS: list[Program] = [
         fn=nested_stream_contexts,
         inputs=lambda: (_randn(16),),
         training=False,
-        note=(
-            "[eager-backend: ok] "
-            "s2 nested in s1, work resumes on s1 after the inner exit; codegen checks."
-        ),
+        note=("[eager-backend: ok] s2 nested in s1, work resumes on s1 after the inner exit; codegen checks."),
     ),
     Program(
         name="stream_context_with_data_dependency",
@@ -2640,10 +2627,7 @@ PROGRAMS: list[Program] = [
         fn=fusion_within_same_stream,
         inputs=lambda: (_randn(16),),
         training=False,
-        note=(
-            "[eager-backend: ok] "
-            "Four pointwise ops on one side stream; upstream expects them fused into 1 kernel."
-        ),
+        note=("[eager-backend: ok] Four pointwise ops on one side stream; upstream expects them fused into 1 kernel."),
     ),
     Program(
         name="no_fusion_simple_dependency_across_streams",
@@ -2678,8 +2662,7 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (_randn(16, seed=0), _randn(16, seed=1)),
         training=False,
         note=(
-            "[eager-backend: ok] "
-            "Two independent ops on one side stream (combo_kernels=True upstream); <= 2 kernels."
+            "[eager-backend: ok] Two independent ops on one side stream (combo_kernels=True upstream); <= 2 kernels."
         ),
     ),
     Program(
@@ -2728,10 +2711,7 @@ PROGRAMS: list[Program] = [
         fn=stream_synchronize_not_dropped,
         inputs=lambda: (_randn(16),),
         training=False,
-        note=(
-            "[eager-backend: ok] "
-            "s.synchronize() then a default-stream consumer; checks synchronize_stream in code."
-        ),
+        note=("[eager-backend: ok] s.synchronize() then a default-stream consumer; checks synchronize_stream in code."),
     ),
     Program(
         name="stream_wait_stream_not_dropped",

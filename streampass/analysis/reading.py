@@ -116,9 +116,7 @@ def _op_stream(call: ops.SyncCall) -> int:
     return AMBIENT  # synchronize_*: host-side barriers, issued from the ambient stream's thread
 
 
-def read_streams(
-    g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()
-) -> StreamAssignment:
+def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()) -> StreamAssignment:
     """Read the stream of every node of ``g``.
 
     Raises :class:`StreamPassError` (naming the node) for a join without its fork, a fork
@@ -155,7 +153,9 @@ def read_streams(
     for node in nodes:
         for inp in ops.input_nodes(node):
             if inp not in root:
-                raise StreamPassError(f"uses {inp.name!r} before it is defined (the graph is not in topological order)", node.name)
+                raise StreamPassError(
+                    f"uses {inp.name!r} before it is defined (the graph is not in topological order)", node.name
+                )
         op = node.op
         target = node.target
         if op == "call_function" and (id(target) in maybe_sync or target is control_deps):
@@ -212,7 +212,9 @@ def read_streams(
     if clash:
         index = min(clash)
         node = next((n for n, s in stream.items() if s == index), None) or next(
-            n for n, c in syncs.items() if c.target in _OTHER_STREAM_ARG and c.args[_OTHER_STREAM_ARG[c.target]] == index
+            n
+            for n, c in syncs.items()
+            if c.target in _OTHER_STREAM_ARG and c.args[_OTHER_STREAM_ARG[c.target]] == index
         )
         raise StreamPassError(f"index {index} is used both as a stream and as an event", node.name)
     return assignment

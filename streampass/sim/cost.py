@@ -95,30 +95,60 @@ _HOPPER_FLOPS: dict[torch.dtype | str, float] = {
 }
 
 PROFILES: dict[str, DeviceProfile] = {
-    "h100": DeviceProfile("h100", _HOPPER_FLOPS, mem_bandwidth=3.35e12,
-                          launch_overhead=5e-6, sync_cost=2e-6),
-    "h200": DeviceProfile("h200", _HOPPER_FLOPS, mem_bandwidth=4.8e12,
-                          launch_overhead=5e-6, sync_cost=2e-6),
+    "h100": DeviceProfile("h100", _HOPPER_FLOPS, mem_bandwidth=3.35e12, launch_overhead=5e-6, sync_cost=2e-6),
+    "h200": DeviceProfile("h200", _HOPPER_FLOPS, mem_bandwidth=4.8e12, launch_overhead=5e-6, sync_cost=2e-6),
     "a100": DeviceProfile(
         "a100",
-        {torch.bfloat16: 312e12, torch.float16: 312e12, torch.float32: 19.5e12,
-         torch.float64: 19.5e12, torch.int8: 624e12, "default": 19.5e12},
-        mem_bandwidth=2.039e12, launch_overhead=5e-6, sync_cost=2e-6),
+        {
+            torch.bfloat16: 312e12,
+            torch.float16: 312e12,
+            torch.float32: 19.5e12,
+            torch.float64: 19.5e12,
+            torch.int8: 624e12,
+            "default": 19.5e12,
+        },
+        mem_bandwidth=2.039e12,
+        launch_overhead=5e-6,
+        sync_cost=2e-6,
+    ),
     "cpu": DeviceProfile(
-        "cpu", {torch.float64: 0.5e12, "default": 1e12},
-        mem_bandwidth=50e9, launch_overhead=1e-6, sync_cost=0.0),
+        "cpu", {torch.float64: 0.5e12, "default": 1e12}, mem_bandwidth=50e9, launch_overhead=1e-6, sync_cost=0.0
+    ),
 }
 """Built-in profiles by name: ``"h100"``, ``"h200"``, ``"a100"``, ``"cpu"``."""
 
 Overrides = Mapping[str, float] | Callable[[torch.fx.Node], float | None] | None
 
 # Ops that only produce a new view of existing memory: no kernel, no time.
-_VIEW_OPS = frozenset({
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "expand_as", "view_as",
-    "t", "transpose", "permute", "squeeze", "unsqueeze", "slice", "select", "narrow",
-    "alias", "detach", "as_strided", "unbind", "split", "split_with_sizes", "chunk",
-    "diagonal", "unfold", "lift_fresh",
-})
+_VIEW_OPS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "_reshape_alias",
+        "expand",
+        "expand_as",
+        "view_as",
+        "t",
+        "transpose",
+        "permute",
+        "squeeze",
+        "unsqueeze",
+        "slice",
+        "select",
+        "narrow",
+        "alias",
+        "detach",
+        "as_strided",
+        "unbind",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "diagonal",
+        "unfold",
+        "lift_fresh",
+    }
+)
 _FREE_FUNCTIONS = frozenset({operator.getitem})
 
 
@@ -166,8 +196,7 @@ def _as_tensor(value: Any) -> Any:
     if not isinstance(value, TensorMetadata):
         return value
     try:
-        return torch.empty_strided(tuple(value.shape), tuple(value.stride),
-                                   dtype=value.dtype, device="meta")
+        return torch.empty_strided(tuple(value.shape), tuple(value.stride), dtype=value.dtype, device="meta")
     except Exception:
         return None
 
@@ -176,8 +205,7 @@ def _node_value(node: torch.fx.Node) -> Any:
     """The example value of a node: ``meta["val"]``, else ``meta["tensor_meta"]``."""
     if "val" in node.meta:
         return node.meta["val"]
-    return tree_map(_as_tensor, node.meta.get("tensor_meta"),
-                    is_leaf=lambda v: isinstance(v, TensorMetadata))
+    return tree_map(_as_tensor, node.meta.get("tensor_meta"), is_leaf=lambda v: isinstance(v, TensorMetadata))
 
 
 def _concrete_shape(x: Any) -> Any:
@@ -238,8 +266,7 @@ class CostModel:
     def __init__(self, profile: str | DeviceProfile = "h100", overrides: Overrides = None):
         if isinstance(profile, str):
             if profile not in PROFILES:
-                raise ValueError(f"unknown device profile {profile!r}; "
-                                 f"known: {sorted(PROFILES)}")
+                raise ValueError(f"unknown device profile {profile!r}; known: {sorted(PROFILES)}")
             profile = PROFILES[profile]
         self.profile: DeviceProfile = profile
         self.overrides = overrides

@@ -160,21 +160,46 @@ class Schedule:
                 continue
             shown.add(slot.node)
             pid, tid = (1, 0) if slot.stream is None else (0, slot.stream)
-            ev.append({
-                "ph": "X", "name": slot.target, "cat": slot.kind, "pid": pid, "tid": tid,
-                "ts": slot.start * us, "dur": slot.duration * us,
-                "args": {"node": slot.node, "issued_us": slot.issued * us,
-                         **({"waited_on": list(slot.waited_on)} if slot.waited_on else {})},
-            })
+            ev.append(
+                {
+                    "ph": "X",
+                    "name": slot.target,
+                    "cat": slot.kind,
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": slot.start * us,
+                    "dur": slot.duration * us,
+                    "args": {
+                        "node": slot.node,
+                        "issued_us": slot.issued * us,
+                        **({"waited_on": list(slot.waited_on)} if slot.waited_on else {}),
+                    },
+                }
+            )
         for i, (src, dst) in enumerate(self.flows):
             a, b = self.slots.get(src), self.slots.get(dst)
             if a is None or b is None or src not in shown or dst not in shown:
                 continue
             common = {"name": "sync", "cat": "sync", "id": i + 1}
-            ev.append({**common, "ph": "s", "pid": 1 if a.stream is None else 0,
-                       "tid": 0 if a.stream is None else a.stream, "ts": a.start * us})
-            ev.append({**common, "ph": "f", "bp": "e", "pid": 1 if b.stream is None else 0,
-                       "tid": 0 if b.stream is None else b.stream, "ts": b.start * us})
+            ev.append(
+                {
+                    **common,
+                    "ph": "s",
+                    "pid": 1 if a.stream is None else 0,
+                    "tid": 0 if a.stream is None else a.stream,
+                    "ts": a.start * us,
+                }
+            )
+            ev.append(
+                {
+                    **common,
+                    "ph": "f",
+                    "bp": "e",
+                    "pid": 1 if b.stream is None else 0,
+                    "tid": 0 if b.stream is None else b.stream,
+                    "ts": b.start * us,
+                }
+            )
         return {
             "traceEvents": ev,
             "displayTimeUnit": "ns",

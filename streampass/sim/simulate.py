@@ -73,8 +73,9 @@ def _is_device_work(a: StreamAssignment, node: Node) -> bool:
     return a.is_compute(node) or (node.target is ops.CONTROL_DEPS and node not in a.syncs)
 
 
-def _build_items(a: StreamAssignment, times: dict[Node, float], profile: DeviceProfile,
-                 cpu_launch: bool, serial: bool) -> list[_Item]:
+def _build_items(
+    a: StreamAssignment, times: dict[Node, float], profile: DeviceProfile, cpu_launch: bool, serial: bool
+) -> list[_Item]:
     items: list[_Item] = []
     last_on: dict[int, _Item] = {}
     last_record: dict[int, _Item] = {}
@@ -95,8 +96,13 @@ def _build_items(a: StreamAssignment, times: dict[Node, float], profile: DeviceP
         target = call.target
         if target in _DEVICE_SYNCS:
             s = a.stream[node]
-            item = _Item(node, s, 0.0 if cpu_launch else t, t if cpu_launch else 0.0,
-                         "record" if target is ops.RECORD_EVENT else "wait")
+            item = _Item(
+                node,
+                s,
+                0.0 if cpu_launch else t,
+                t if cpu_launch else 0.0,
+                "record" if target is ops.RECORD_EVENT else "wait",
+            )
             if target is ops.RECORD_EVENT:
                 # Completes when the work before it on s completes: stream order does that.
                 last_record[call.args[0]] = item
@@ -225,8 +231,6 @@ def _critical_path(a: StreamAssignment, deps, times: dict[Node, float]) -> tuple
     return length, names
 
 
-
-
 def _as_cost(cost) -> CostModel:
     if cost is None:
         return CostModel("h100")
@@ -289,7 +293,9 @@ def simulate(
         slots[it.node.name] = Slot(it.node.name, it.stream, it.start, it.end, it.kind, tname, it.issued, waited)
         flows.extend((w, it.node.name) for w in waited)
         if it.stream is not None and it.cpu > 0:
-            launch = Slot(f"{it.node.name}:launch", None, it.issued - it.cpu, it.issued, "launch", tname, it.issued - it.cpu)
+            launch = Slot(
+                f"{it.node.name}:launch", None, it.issued - it.cpu, it.issued, "launch", tname, it.issued - it.cpu
+            )
             slots[launch.node] = launch
     ends = [it.end for it in items] + [cpu_end]
     makespan = max(ends) if ends else 0.0

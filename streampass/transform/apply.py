@@ -31,7 +31,9 @@ from streampass.transform.subgraphs import attr_of, free_attr, sync_subgraph
 
 Node = torch.fx.Node
 _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_default", operator.getitem: "getitem"}
-WRAPPABLE = frozenset({ops.RECORD_EVENT, ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
+WRAPPABLE = frozenset(
+    {ops.RECORD_EVENT, ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE}
+)
 
 
 def _set_stream(node: Node, s: int) -> None:
@@ -258,7 +260,12 @@ class _Editor:
             new_pass = [p for p in passthrough if p not in old_pass]
             if missing or new_pass:
                 all_pass = old_pass + new_pass
-                wrapped.args = (tuple(wrapped.args[0]) + tuple(missing), self._subgraph(call, len(all_pass)), *call.args, *all_pass)
+                wrapped.args = (
+                    tuple(wrapped.args[0]) + tuple(missing),
+                    self._subgraph(call, len(all_pass)),
+                    *call.args,
+                    *all_pass,
+                )
                 self.edited.append(wrapped)
                 self.changed = True
             self._reroute(wrapped, ops.passthrough_values(wrapped), rewires)
@@ -298,7 +305,11 @@ class _Editor:
     def _reroute(self, wrapped: Node, passthrough: list[Node], rewires) -> None:
         outs: dict[Node, Node] = {}
         for user in wrapped.users:
-            if user.target is operator.getitem and isinstance(user.args[1], int) and 1 <= user.args[1] <= len(passthrough):
+            if (
+                user.target is operator.getitem
+                and isinstance(user.args[1], int)
+                and 1 <= user.args[1] <= len(passthrough)
+            ):
                 outs.setdefault(passthrough[user.args[1] - 1], user)
         last = wrapped
         for user, original, inp in rewires:
@@ -326,7 +337,9 @@ class _Editor:
         for n in self.edited:
             for x in ops.input_nodes(n):
                 if pos.get(x, len(pos)) >= pos[n]:
-                    raise StreamPassError(f"internal error: the rewrite made {n.name} read {x.name} before it is defined", n.name)
+                    raise StreamPassError(
+                        f"internal error: the rewrite made {n.name} read {x.name} before it is defined", n.name
+                    )
 
     def drop_switches(self) -> None:
         """Erase the fork/join nodes. Last, after every check: undoing an erasure reaches into

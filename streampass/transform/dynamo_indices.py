@@ -91,6 +91,7 @@ def shift_indices(gm: torch.fx.GraphModule, by: int) -> None:
         if call.wrapper is None:
             node.args = _shifted(node.args, positions, by)
             continue
+
         def shift_body(body: torch.fx.Graph, positions=positions) -> None:
             for inner in body.nodes:
                 if inner.op == "call_function" and id(inner.target) in ops.STREAM_OP_IDS:

@@ -84,9 +84,7 @@ class Clocks:
                 for hs, ho, i in zip(self.hrow, other.hrow, shared)
                 for x, y in zip(hs[i:], ho[i:])
             )
-            and all(
-                e in self.events and all(map(operator.ge, self.events[e], c)) for e, c in other.events.items()
-            )
+            and all(e in self.events and all(map(operator.ge, self.events[e], c)) for e, c in other.events.items())
         )
 
     def total(self) -> int:

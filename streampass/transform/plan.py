@@ -17,7 +17,6 @@ from streampass.ops import MAX_INDEX
 Node = torch.fx.Node
 
 
-
 @dataclass(eq=False)
 class PlannedWait:
     """Insert ``wait_event(record.event, stream)`` right before ``before``.

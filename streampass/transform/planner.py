@@ -88,7 +88,9 @@ class Planner:
         stream may be waited on at its last node, carrying whatever it knows by then.
         """
         if d.at_exit:
-            return {x: self._record_point(x, issued[x], issued) for x in range(len(issued)) if x != d.stream and issued[x]}
+            return {
+                x: self._record_point(x, issued[x], issued) for x in range(len(issued)) if x != d.stream and issued[x]
+            }
         newest: dict[int, int] = {}
         for s, p in unmet:
             newest[s] = max(newest.get(s, 0), p)
@@ -110,7 +112,9 @@ class Planner:
 
     def _demand(self, stream: int, needs, before: Node, on_gate, free_point: bool = False) -> Demand:
         slots = [(self.slot[self.a.stream[n]], self.pos[n]) for n, _ in needs]
-        return Demand(self.slot[stream], needs, before, on_gate, slots, at_exit=before.op == "output", free_point=free_point)
+        return Demand(
+            self.slot[stream], needs, before, on_gate, slots, at_exit=before.op == "output", free_point=free_point
+        )
 
     def _events(self, reqs, values: list[CrossStreamValue]):
         """The walk: ("issue", node) and ("demand", Demand) in issue order."""
@@ -129,19 +133,30 @@ class Planner:
                     # The value's stream waits for every reader before the value may be freed;
                     # the value rides on that wait, so it stays alive until the wait is issued.
                     readers = [(r, None) for rs in cv.readers.values() for r in rs]
-                    yield "demand", self._demand(
-                        cv.stream, readers, node, lambda g, _v, v=cv.value: plan.keepalive[g].append(v), free_point=True
+                    yield (
+                        "demand",
+                        self._demand(
+                            cv.stream,
+                            readers,
+                            node,
+                            lambda g, _v, v=cv.value: plan.keepalive[g].append(v),
+                            free_point=True,
+                        ),
                     )
                 needs = by_consumer.get(node)
                 if needs:
-                    yield "demand", self._demand(
-                        self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
+                    yield (
+                        "demand",
+                        self._demand(
+                            self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
+                        ),
                     )
                 return
             needs = by_consumer.get(node)
             if needs:
-                yield "demand", self._demand(
-                    self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
+                yield (
+                    "demand",
+                    self._demand(self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))),
                 )
             yield "issue", node
 
@@ -359,7 +374,14 @@ class Planner:
             output = free.before
             record = PlannedRecord(s, 0, None, after=free)
             plan.records.append(record)
-            join = next((w for w in plan.waits if w.stream == AMBIENT and w.source == s and w.before is output and not w.free_point), None)
+            join = next(
+                (
+                    w
+                    for w in plan.waits
+                    if w.stream == AMBIENT and w.source == s and w.before is output and not w.free_point
+                ),
+                None,
+            )
             if join is None:
                 join = PlannedWait(AMBIENT, s, output, 0, used=True)
                 plan.waits.append(join)
