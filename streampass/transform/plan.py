@@ -12,7 +12,7 @@ import torch.fx
 
 from streampass.analysis.reading import StreamAssignment
 from streampass.errors import StreamPassError
-from streampass.ops import MAX_INDEX
+from streampass.ops import AMBIENT, MAX_INDEX
 
 Node = torch.fx.Node
 
@@ -118,3 +118,42 @@ def check_event_indices(a: StreamAssignment, first: int, count: int) -> None:
             f"but stream/event indices must fit in int64 (max {MAX_INDEX}); use smaller stream indices",
             node.name,
         )
+
+
+def join_free_points(plan: SyncPlan) -> None:
+    """Join each side stream back into the ambient stream after its last free-point wait.
+
+    A free point (docs/plan.md §4) is a wait issued on a value's side stream at the graph's
+    end. Issued after the ambient stream's exit wait on that stream, it would leave the side
+    stream un-joined to a CUDA-graph capture. So the exit wait waits for a record right
+    after the free point instead (it knows more than the record it replaces), or, where the
+    output needed no wait on that stream, one is added: one wait per side stream with free
+    points, the least a capture needs. Free-point demands come before the output's in the
+    walk, so every exit wait follows the free points in the graph.
+    """
+    last_free: dict[int, PlannedWait] = {}
+    for w in plan.waits:
+        if w.free_point and w.stream != AMBIENT:
+            last_free[w.stream] = w
+    for s, free in last_free.items():
+        output = free.before
+        record = PlannedRecord(s, 0, None, after=free)
+        plan.records.append(record)
+        join = next(
+            (
+                w
+                for w in plan.waits
+                if w.stream == AMBIENT and w.source == s and w.before is output and not w.free_point
+            ),
+            None,
+        )
+        if join is None:
+            join = PlannedWait(AMBIENT, s, output, 0, used=True)
+            plan.waits.append(join)
+            plan.capture_joins += 1
+            plan.protect[join].append((output, None))
+        replaced, join.record = join.record, record
+        if replaced is not None and replaced.existing is None and all(w.record is not replaced for w in plan.waits):
+            plan.records.remove(replaced)
+    for i, r in enumerate(r for r in plan.records if r.existing is None):
+        r.event = plan.first_event + i

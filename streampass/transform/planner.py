@@ -22,7 +22,6 @@ from streampass.analysis.dag import StreamDAG
 from streampass.analysis.hazards import dealloc_safe, keepalive_waits, recorded_streams
 from streampass.analysis.reading import StreamAssignment
 from streampass.analysis.requirements import CrossStreamValue, requirements
-from streampass.ops import AMBIENT
 from streampass.transform.frontier import Clocks, Demand, StillNeeded, does_no_work
 from streampass.transform.plan import (
     PlannedRecord,
@@ -30,6 +29,7 @@ from streampass.transform.plan import (
     SyncPlan,
     check_event_indices,
     first_free_event,
+    join_free_points,
 )
 
 Node = torch.fx.Node
@@ -288,7 +288,7 @@ class Planner:
         choices = self._search(events)
         self._walk(events, choices)
         self._place_records()
-        self._join_free_points()
+        join_free_points(self.plan)
         return self.plan
 
     def _find_reusable_records(self) -> None:
@@ -353,45 +353,6 @@ class Planner:
                     shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), self.node_at[key])
                     plan.records.append(shared[key])
             w.record = shared[key]
-
-    def _join_free_points(self) -> None:
-        """Join each side stream back into the ambient stream after its last free-point wait.
-
-        A free point (docs/plan.md §4) is a wait issued on a value's side stream at the graph's
-        end. Issued after the ambient stream's exit wait on that stream, it would leave the side
-        stream un-joined to a CUDA-graph capture. So the exit wait waits for a record right
-        after the free point instead (it knows more than the record it replaces), or, where the
-        output needed no wait on that stream, one is added: one wait per side stream with free
-        points, the least a capture needs. Free-point demands come before the output's in the
-        walk, so every exit wait follows the free points in the graph.
-        """
-        plan = self.plan
-        last_free: dict[int, PlannedWait] = {}
-        for w in plan.waits:
-            if w.free_point and w.stream != AMBIENT:
-                last_free[w.stream] = w
-        for s, free in last_free.items():
-            output = free.before
-            record = PlannedRecord(s, 0, None, after=free)
-            plan.records.append(record)
-            join = next(
-                (
-                    w
-                    for w in plan.waits
-                    if w.stream == AMBIENT and w.source == s and w.before is output and not w.free_point
-                ),
-                None,
-            )
-            if join is None:
-                join = PlannedWait(AMBIENT, s, output, 0, used=True)
-                plan.waits.append(join)
-                plan.capture_joins += 1
-                plan.protect[join].append((output, None))
-            replaced, join.record = join.record, record
-            if replaced is not None and replaced.existing is None and all(w.record is not replaced for w in plan.waits):
-                plan.records.remove(replaced)
-        for i, r in enumerate(r for r in plan.records if r.existing is None):
-            r.event = plan.first_event + i
 
 
 def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan:
