@@ -45,7 +45,7 @@ import torch
 import torch.fx
 
 from streampass import compat, ops, values
-from streampass.analysis.dag import StreamDAG
+from streampass.analysis.reading import read_streams
 from streampass.compat import PassBase, PassChain, aot_guard_on, cpu_safe_aot, post_grad_config
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
@@ -176,24 +176,26 @@ class StreamPass(PassBase):
 
     def _rewrite(self, gm, kind: str, device: torch.device, offset: int, indices: str) -> GraphReport:
         dynamo_indices.shift_indices(gm, offset)
-        dag = StreamDAG.from_graph(gm)
-        cross = len(dag.cross_stream_edges())
-        if dag.streams == [AMBIENT] and not dag.assignment.syncs:
+        # One reading before the pass (run reuses it) and one after (run's check; the lowering
+        # reuses it): docs/benchmarks.md, "One reading per compile".
+        a = read_streams(gm)
+        cross = sum(1 for n in a.nodes for i in n.all_input_nodes if a.stream[i] != a.stream[n])
+        if a.streams == [AMBIENT] and not a.syncs:
             # Nothing to plan. On CPU an explicit ``custom.stream = 0`` must still not reach
             # inductor's CPU codegen.
-            lowered = not _gpu(device) and lower_for_cpu(gm)
+            lowered = not _gpu(device) and lower_for_cpu(gm, a)
             return GraphReport(
                 kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",
                 indices=indices,
             )  # fmt: skip
-        result = run(gm, bind_runtime=False, recompile=False)  # the lowering below recompiles
+        result = run(gm, bind_runtime=False, recompile=False, assignment=a)  # the lowering recompiles
         kept = _copy(gm) if self.keep_graphs else None
         if not _gpu(device):
             lowering = "cpu"
-            lower_for_cpu(gm)
+            lower_for_cpu(gm, result.assignment)
         else:
             lowering = "native"
-            lower_for_gpu(gm)
+            lower_for_gpu(gm, result.assignment)
         return GraphReport(
             kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
             _nonzero(result.before.by_kind()), _nonzero(result.after.by_kind()), result.changed or offset != 0,

@@ -240,6 +240,30 @@ def test_uuid_stable_across_instances_and_processes():
     assert out.strip() == here.hex()
 
 
+@pytest.mark.parametrize("name", ["branches", "ambient"])
+def test_each_compiled_graph_is_read_twice(name, monkeypatch):
+    """One reading of each graph before the pass and one after (run's final check), which
+    ``run``, the lowering and the report share, instead of one per step."""
+    import sys
+
+    from streampass.analysis import reading
+
+    original, read = reading.read_streams, []
+
+    def counted(g, *args, **kwargs):
+        read.append(id(getattr(g, "graph", g)))
+        return original(g, *args, **kwargs)
+
+    for module in [m for n, m in sys.modules.items() if n.startswith("streampass")]:
+        if getattr(module, "read_streams", None) is original:
+            monkeypatch.setattr(module, "read_streams", counted)
+    got, want, p, _ = _compile_and_run(name, "sp.stream", "training")
+    torch.testing.assert_close(got, want)
+    assert [r.graph for r in p.reports] == ["forward", "backward"]
+    per_graph = sorted(read.count(g) for g in set(read))
+    assert per_graph == ([1, 1] if name == "ambient" else [2, 2])  # an ambient graph: nothing to check after
+
+
 def _copied_sources(tmp_path, monkeypatch):
     files = []
     root = Path(spi.__file__).resolve().parent

@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from streampass import ops, runtime
-from streampass.analysis.reading import read_streams
+from streampass.analysis.reading import StreamAssignment, read_streams
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
@@ -55,12 +55,13 @@ def _is_tensor_node(n: Any) -> bool:
     return isinstance(n, torch.fx.Node) and isinstance(n.meta.get("val"), torch.Tensor)
 
 
-def lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
+def lower_for_cpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None = None) -> bool:
     """Make a graph :func:`streampass.run` left compilable by inductor's CPU backend.
 
     Streams move from ``custom["stream"]`` to ``meta["streampass_stream"]``; every stream op
     (plain or in ``control_deps``) becomes ``streampass.sync(tensor_deps, op, int_args)``,
-    and readers of a ``control_deps`` passthrough read the value itself. Returns whether
+    and readers of a ``control_deps`` passthrough read the value itself. ``assignment``: the
+    graph's reading if the caller has it (:attr:`RunResult.assignment`). Returns whether
     anything changed (a graph without streams is left alone).
 
     >>> import torch, streampass as sp
@@ -86,13 +87,13 @@ def lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
     (True, {'record_event': 4, 'wait_event': 4})
     """
     with snapshot.all_or_nothing(gm):
-        return _lower_for_cpu(gm)
+        return _lower_for_cpu(gm, assignment)
 
 
-def _lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
+def _lower_for_cpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> bool:
     graph = gm.graph
     changed = False
-    a = read_streams(gm, runtime.state(gm)["external_events"])
+    a = a if a is not None else read_streams(gm, runtime.state(gm)["external_events"])
     tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
     for node in list(graph.nodes):
         call = a.syncs.get(node)
@@ -146,14 +147,14 @@ def _lower_for_cpu(gm: torch.fx.GraphModule) -> bool:
     return changed
 
 
-def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
+def lower_for_gpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None = None) -> None:
     """Shape the ``control_deps`` syncs as inductor's lowering needs them (GPU graphs).
 
     torch 2.13's ``control_deps`` lowering asserts a non-empty dependency tuple and runs the
     subgraph's nodes in the outer graph's environment, so a subgraph shared by several syncs
     fails on its second use: each sync gets its own copy. Event indices streampass allocated
     are ``>= EVENT_BASE``, which is how the run-time fallback (:func:`install_object_fallback`)
-    knows they are events.
+    knows they are events. ``assignment`` as for :func:`lower_for_cpu`.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -177,12 +178,12 @@ def lower_for_gpu(gm: torch.fx.GraphModule) -> None:
     """
     install_object_fallback()
     with snapshot.all_or_nothing(gm):
-        _lower_for_gpu(gm)
+        _lower_for_gpu(gm, assignment)
 
 
-def _lower_for_gpu(gm: torch.fx.GraphModule) -> None:
+def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None:
     graph = gm.graph
-    a = read_streams(gm, runtime.state(gm)["external_events"])
+    a = a if a is not None else read_streams(gm, runtime.state(gm)["external_events"])
     tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
     for node in list(graph.nodes):
         call = a.syncs.get(node)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.fx
 
 from streampass import runtime
 from streampass.analysis.dag import StreamDAG
 from streampass.analysis.hazards import find_hazards
-from streampass.analysis.reading import read_streams
+from streampass.analysis.reading import StreamAssignment, read_streams
 from streampass.analysis.requirements import requirements
 from streampass.analysis.verify import Report
 from streampass.errors import StreamPassError
@@ -32,6 +32,9 @@ class RunResult:
     waits_added: int
     changed: bool
     plan: SyncPlan
+    #: the reading of the graph as run left it (its final check's), for later passes that need
+    #: one (the lowerings); None with ``check=False``
+    assignment: StreamAssignment | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -74,6 +77,7 @@ def run(
     check: bool = True,
     bind_runtime: bool = True,
     recompile: bool = True,
+    assignment: StreamAssignment | None = None,
 ) -> RunResult:
     """Make ``g`` race-free in place: insert the fewest record/wait pairs and encode the order.
 
@@ -82,7 +86,10 @@ def run(
     ``bind_runtime`` makes ``gm(*args)`` fill the stream/event table itself
     (:func:`streampass.runtime.install`); compilers that own the table turn it off.
     ``recompile=False`` leaves regenerating ``gm``'s Python code to the caller (a compiler
-    pass that lowers the graph, not the code).
+    pass that lowers the graph, not the code). ``assignment``: ``read_streams(g,
+    external_events)`` if the caller already has it (used unless the pass first moves nodes);
+    the result's ``assignment`` is the reading of the rewritten graph, so that a compiler reads
+    each graph twice in all (before and after), not once per pass.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -96,7 +103,7 @@ def run(
     (True, True, False)
     """
     with collector_paused():
-        return _run(_as_module(g), external_events, check, bind_runtime, recompile)
+        return _run(_as_module(g), external_events, check, bind_runtime, recompile, assignment)
 
 
 @contextlib.contextmanager
@@ -151,12 +158,14 @@ def hoist_attributes(gm: torch.fx.GraphModule) -> bool:
     return moved
 
 
-def _run(gm, external_events, check, bind_runtime, recompile) -> RunResult:
+def _run(gm, external_events, check, bind_runtime, recompile, given=None) -> RunResult:
     external_events = tuple(external_events)
+    if given is not None and (given.graph is not gm.graph or tuple(given.external_events) != external_events):
+        raise StreamPassError("run(assignment=...) must be read_streams of this graph with the same external_events")
     saved = snapshot.take(gm)
     try:
         hoisted = hoist_attributes(gm)
-        assignment = read_streams(gm, external_events)
+        assignment = given if given is not None and not hoisted else read_streams(gm, external_events)
         dag = StreamDAG(assignment)
         reqs = requirements(assignment)
         before = Report(find_hazards(dag, reqs), dag.streams)
@@ -176,8 +185,11 @@ def _run(gm, external_events, check, bind_runtime, recompile) -> RunResult:
     if bind_runtime and (assignment.streams != [0] or assignment.syncs or plan.waits):
         runtime.install(gm)
     if check:
-        after_dag = StreamDAG.from_graph(gm, external_events)
-        after = Report(find_hazards(after_dag), after_dag.streams)
+        if changed:
+            after_dag = StreamDAG.from_graph(gm, external_events)
+            after, final = Report(find_hazards(after_dag), after_dag.streams), after_dag.assignment
+        else:  # the graph is as it was read: so is its verdict
+            after, final = before, assignment
     else:
-        after = Report([], dag.streams)
-    return RunResult(before, after, len(plan.records), len(plan.waits), changed, plan)
+        after, final = Report([], dag.streams), None
+    return RunResult(before, after, len(plan.records), len(plan.waits), changed, plan, final)

@@ -1,0 +1,143 @@
+"""StreamPass inside torch.compile: time per graph, and how often it reads each graph.
+
+    python benchmarks/compile_reads.py [--layers 4] [--out benchmarks/results/compile_reads.json]
+
+Compiles a stack of ``--layers`` transformer blocks (benchmarks/bench_models.py, small sizes,
+float32 on CPU; two branches of each block on side streams) under
+``streampass.inductor.enabled()``, forward and backward, with inductor's FX-graph cache off so
+that every graph really goes through the pass. For each graph the pass sees it records
+
+* the time ``StreamPass`` takes (``__call__``: index shift, ``run``, lowering),
+* how many times ``read_streams`` ran on the graph during that call (a counter put in place
+  of it in every streampass module that imported it),
+* the baseline, in the same run: torch's own ``stable_topological_sort`` + FX dead-code
+  elimination on a copy of the same graph as the pass received it,
+
+and prints one markdown table row per graph (pasted into docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch._dynamo
+import torch._inductor.config as inductor_config
+from torch._inductor.fx_passes.post_grad import stable_topological_sort
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_models  # noqa: E402
+
+import streampass.inductor as spi  # noqa: E402
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, layers: int):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(bench_models.TransformerBlock(256, 4, 1024) for _ in range(layers))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def torch_baseline(graph: torch.fx.Graph) -> float:
+    """Seconds for torch's stable_topological_sort + dead-code elimination on a copy of ``graph``."""
+    gm = torch.fx.GraphModule(graph.owning_module, copy.deepcopy(graph))
+    t = time.perf_counter()
+    stable_topological_sort(gm.graph)
+    gm.graph.eliminate_dead_code()
+    return time.perf_counter() - t
+
+
+READS = [0]
+
+
+def count_reads() -> None:
+    """Put a counting wrapper in place of ``read_streams`` wherever streampass imported it."""
+    from streampass.analysis import reading
+
+    original = reading.read_streams
+
+    def counted(*args, **kwargs):
+        READS[0] += 1
+        return original(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("streampass") and getattr(module, "read_streams", None) is original:
+            module.read_streams = counted
+
+
+class Measured(spi.StreamPass):
+    """StreamPass that times each call of a whole graph and counts its readings."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[dict] = []
+
+    def __call__(self, graph, is_inference=None):
+        seen = len(self.reports)
+        baseline = torch_baseline(graph)
+        READS[0] = 0
+        t = time.perf_counter()
+        super().__call__(graph, is_inference)
+        elapsed = time.perf_counter() - t
+        if len(self.reports) > seen:  # a whole graph (a sync subgraph is passed over)
+            r = self.reports[-1]
+            self.rows.append(
+                {
+                    "graph": r.graph,
+                    "nodes": len(graph.nodes),
+                    "streampass_s": elapsed,
+                    "reads": READS[0],
+                    "torch_s": baseline,
+                    "waits_added": r.waits_added,
+                }
+            )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "compile_reads.json")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    model = Stack(args.layers)
+    x = torch.randn(2, 64, 256, requires_grad=True)
+    count_reads()
+    passes = Measured()
+    with tempfile.TemporaryDirectory() as cache, inductor_config.patch(fx_graph_cache=False):
+        import os
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        torch._dynamo.reset()
+        with spi.enabled(passes):
+            out = torch.compile(model)(x)
+        out.sum().backward()  # the backward compiles here, after the block
+    print("| graph | nodes | StreamPass | read_streams calls | torch's sort + DCE | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in passes.rows:
+        print(
+            f"| {r['graph']} | {r['nodes']:,} | {r['streampass_s'] * 1e3:.0f} ms | {r['reads']} | "
+            f"{r['torch_s'] * 1e3:.0f} ms | {r['streampass_s'] / r['torch_s']:.1f}x |"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps({"layers": args.layers, "python": platform.python_version(), "torch": torch.__version__,
+                    "graphs": passes.rows}, indent=2) + "\n"
+    )  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
