@@ -5,13 +5,14 @@
 Compiles a stack of ``--layers`` transformer blocks (benchmarks/bench_models.py, small sizes,
 float32 on CPU; two branches of each block on side streams) under
 ``streampass.inductor.enabled()``, forward and backward, with inductor's FX-graph cache off so
-that every graph really goes through the pass. For each graph the pass sees it records
+that every graph really goes through the pass, and kernels compiled in-process
+(``compile_threads=1``) so that no compile worker competes with the pass for the CPU. For each graph the pass sees it records
 
 * the time ``StreamPass`` takes (``__call__``: index shift, ``run``, lowering),
 * how many times ``read_streams`` ran on the graph during that call (a counter put in place
   of it in every streampass module that imported it),
 * the baseline, in the same run: torch's own ``stable_topological_sort`` + FX dead-code
-  elimination on a copy of the same graph as the pass received it,
+  elimination on copies of the same graph as the pass received it (median of 5),
 
 and prints one markdown table row per graph (pasted into docs/benchmarks.md).
 """
@@ -19,13 +20,18 @@ and prints one markdown table row per graph (pasted into docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import gc
 import json
+import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch._dynamo
@@ -51,20 +57,36 @@ class Stack(torch.nn.Module):
         return x
 
 
-def torch_baseline(graph: torch.fx.Graph) -> float:
-    """Seconds for torch's stable_topological_sort + dead-code elimination on a copy of ``graph``."""
-    gm = torch.fx.GraphModule(graph.owning_module, copy.deepcopy(graph))
-    t = time.perf_counter()
+def copies(graph: torch.fx.Graph, n: int = 5) -> list[torch.fx.GraphModule]:
+    return [torch.fx.GraphModule(graph.owning_module, copy.deepcopy(graph)) for _ in range(n)]
+
+
+def timed(fn, *args) -> float:
+    """Seconds for ``fn(*args)``, what is alive before frozen out of the collector's way (as
+    benchmarks/run.py times): otherwise a collection of the benchmark's own copies lands in
+    whichever call happens to trigger it."""
+    gc.collect()
+    gc.freeze()
+    try:
+        t = time.perf_counter()
+        fn(*args)
+        return time.perf_counter() - t
+    finally:
+        gc.unfreeze()
+
+
+def torch_passes(gm: torch.fx.GraphModule) -> None:
     stable_topological_sort(gm.graph)
     gm.graph.eliminate_dead_code()
-    return time.perf_counter() - t
 
 
 READS = [0]
 
 
-def count_reads() -> None:
-    """Put a counting wrapper in place of ``read_streams`` wherever streampass imported it."""
+@contextlib.contextmanager
+def counting_reads():
+    """Put a counting wrapper in place of ``read_streams`` wherever streampass imported it,
+    for the block."""
     from streampass.analysis import reading
 
     original = reading.read_streams
@@ -73,9 +95,15 @@ def count_reads() -> None:
         READS[0] += 1
         return original(*args, **kwargs)
 
-    for name, module in list(sys.modules.items()):
-        if name.startswith("streampass") and getattr(module, "read_streams", None) is original:
-            module.read_streams = counted
+    modules = [m for n, m in list(sys.modules.items()) if n.startswith("streampass")]
+    patched = [m for m in modules if getattr(m, "read_streams", None) is original]
+    for m in patched:
+        m.read_streams = counted
+    try:
+        yield
+    finally:
+        for m in patched:
+            m.read_streams = original
 
 
 class Measured(spi.StreamPass):
@@ -87,11 +115,10 @@ class Measured(spi.StreamPass):
 
     def __call__(self, graph, is_inference=None):
         seen = len(self.reports)
-        baseline = torch_baseline(graph)
+        baseline = copies(graph)  # as the pass receives it
         READS[0] = 0
-        t = time.perf_counter()
-        super().__call__(graph, is_inference)
-        elapsed = time.perf_counter() - t
+        elapsed = timed(super().__call__, graph, is_inference)
+        torch_s = statistics.median(timed(torch_passes, gm) for gm in baseline)
         if len(self.reports) > seen:  # a whole graph (a sync subgraph is passed over)
             r = self.reports[-1]
             self.rows.append(
@@ -100,7 +127,7 @@ class Measured(spi.StreamPass):
                     "nodes": len(graph.nodes),
                     "streampass_s": elapsed,
                     "reads": READS[0],
-                    "torch_s": baseline,
+                    "torch_s": torch_s,
                     "waits_added": r.waits_added,
                 }
             )
@@ -114,16 +141,20 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     model = Stack(args.layers)
     x = torch.randn(2, 64, 256, requires_grad=True)
-    count_reads()
     passes = Measured()
-    with tempfile.TemporaryDirectory() as cache, inductor_config.patch(fx_graph_cache=False):
-        import os
-
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    # compile_threads=1: kernels compile in this process, not in workers that would compete with
+    # the pass being timed for the CPU
+    with (
+        tempfile.TemporaryDirectory() as cache,
+        mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}),
+        inductor_config.patch(fx_graph_cache=False, compile_threads=1),
+        counting_reads(),
+    ):
         torch._dynamo.reset()
         with spi.enabled(passes):
             out = torch.compile(model)(x)
         out.sum().backward()  # the backward compiles here, after the block
+        torch._dynamo.reset()
     print("| graph | nodes | StreamPass | read_streams calls | torch's sort + DCE | ratio |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in passes.rows:

@@ -63,3 +63,19 @@ def test_swaps_only_for_plain_input_swaps():
     assert run_bench._swaps((x, x), (x, y)) is None  # replace_input_with would swap both
     assert run_bench._swaps((x, 1), (y, 2)) is None  # a constant changed
     assert run_bench._swaps((x,), (y, z)) is None  # another structure
+
+
+def test_compile_reads_counts_two_readings_per_graph(tmp_path, capsys):
+    """benchmarks/compile_reads.py on one layer: it sees the forward and the backward graph, each
+    read twice, and writes what it printed (timings are not checked: benchmarks are not tests)."""
+    import json
+
+    import compile_reads
+
+    out = tmp_path / "reads.json"
+    assert compile_reads.main(["--layers", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["graphs"]
+    assert [r["graph"] for r in rows] == ["forward", "backward"]
+    assert [r["reads"] for r in rows] == [2, 2]
+    assert all(r["streampass_s"] > 0 and r["torch_s"] > 0 and r["waits_added"] > 0 for r in rows)
+    assert "| forward |" in capsys.readouterr().out

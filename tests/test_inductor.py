@@ -264,6 +264,31 @@ def test_each_compiled_graph_is_read_twice(name, monkeypatch):
     assert per_graph == ([1, 1] if name == "ambient" else [2, 2])  # an ambient graph: nothing to check after
 
 
+@pytest.mark.parametrize("lower", ["lower_for_cpu", "lower_for_gpu"])
+def test_a_failed_lowering_leaves_the_graph_as_run_left_it(lower, monkeypatch):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streampass.transform import lower as lowering
+
+    def f(x):
+        with sp.stream(1):
+            y = x.sin()
+        return y + x.cos()
+
+    gm = make_fx(f)(torch.ones(4))
+    sp.run(gm)
+    code, nodes = gm.code, [(n.name, n.target, n.args) for n in gm.graph.nodes]
+
+    def fails(_gm):
+        raise RuntimeError("a lowering step failed")
+
+    monkeypatch.setattr(lowering, "_drop_unused_subgraphs", fails)  # the last edit of both lowerings
+    with pytest.raises(RuntimeError, match="a lowering step failed"):
+        getattr(lowering, lower)(gm)
+    assert gm.code == code and [(n.name, n.target, n.args) for n in gm.graph.nodes] == nodes
+    torch.testing.assert_close(gm(torch.ones(4)), f(torch.ones(4)))
+
+
 def _copied_sources(tmp_path, monkeypatch):
     files = []
     root = Path(spi.__file__).resolve().parent
