@@ -398,3 +398,30 @@ def test_rerun_after_the_graph_grew_a_stream_rebuilds_the_runtime_table():
     assert sp.run(gm).ok
     assert torch.equal(gm(x), (f(x)).exp())
     assert torch.equal(sp.execute(gm, x), (f(x)).exp())
+
+
+def test_a_given_reading_gives_the_same_rewrite_and_a_reading_of_the_result(traced):
+    gm, _ = traced
+    other = copy.deepcopy(gm)
+    a = sp.read_streams(gm)
+    result = sp.run(gm, assignment=a)
+    sp.run(other)
+    assert gm.code == other.code and result.ok
+    # the reading it hands on is of the rewritten graph, and says what a fresh one says
+    fresh = sp.read_streams(gm)
+    assert result.assignment.graph is gm.graph and result.assignment.nodes == fresh.nodes
+    assert result.assignment.stream == fresh.stream and set(result.assignment.syncs) == set(fresh.syncs)
+    # a second run changes nothing and hands on the reading it was given
+    again = sp.run(gm, assignment=fresh)
+    assert not again.changed and again.assignment is fresh and again.after is again.before
+
+
+def test_a_reading_of_another_graph_is_refused_and_nothing_changes(traced):
+    gm, _ = traced
+    other = copy.deepcopy(gm)
+    code = gm.code
+    with pytest.raises(sp.StreamPassError, match="read_streams of this graph"):
+        sp.run(gm, assignment=sp.read_streams(other))
+    with pytest.raises(sp.StreamPassError, match="same external_events"):
+        sp.run(gm, external_events=(7,), assignment=sp.read_streams(gm))
+    assert gm.code == code
