@@ -324,5 +324,9 @@ def target_name(node: torch.fx.Node) -> str:
 
 
 def short_name(name: str) -> str:
-    """``target_name`` without its namespace: ``aten::mm`` -> ``mm``."""
+    """``target_name`` without its namespace.
+
+    >>> short_name("aten::add.Tensor"), short_name("x")
+    ('add.Tensor', 'x')
+    """
     return name.split("::", 1)[-1]

@@ -107,14 +107,27 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
 
 
 def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
-    """The tensors in ``node.meta["val"]`` (one, or the tensors of a tuple of outputs)."""
+    """The tensors in ``node.meta["val"]`` (one, or the tensors of a tuple of outputs).
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> gm = make_fx(lambda x: torch.ops.aten.max.dim(x, 0))(torch.ones(2, 3))
+    >>> [len(tensor_values(n)) for n in gm.graph.nodes]  # input, the op's two outputs, their getitems, output
+    [1, 2, 1, 1, 0]
+    """
     val = node.meta.get("val")
     vals = val if isinstance(val, (list, tuple)) else [val]
     return [v for v in vals if isinstance(v, torch.Tensor)]
 
 
 def graph_devices(g: torch.fx.GraphModule | torch.fx.Graph) -> list[torch.device]:
-    """The devices of the tensor values in ``g``'s metadata, in order of first appearance."""
+    """The devices of the tensor values in ``g``'s metadata, in order of first appearance.
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> graph_devices(make_fx(lambda x: x.to("meta") + 1)(torch.ones(2)))
+    [device(type='cpu'), device(type='meta')]
+    """
     graph = g.graph if isinstance(g, torch.fx.GraphModule) else g
     return list(dict.fromkeys(t.device for n in graph.nodes for t in tensor_values(n)))
 

@@ -102,7 +102,14 @@ def keepalive_waits(dag: StreamDAG) -> dict[torch.fx.Node, list[torch.fx.Node]]:
 
 
 def recorded_streams(a) -> dict[torch.fx.Node, set[int]]:
-    """value root -> the streams a ``record_stream`` of the graph marks it as used on."""
+    """value root -> the streams a ``record_stream`` of the graph marks it as used on.
+
+    >>> import torch, streampass as sp
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> _ = g.call_function(torch.ops.streams.record_stream.default, (x, 1)); _ = g.output(x)
+    >>> {v.name: s for v, s in recorded_streams(sp.read_streams(torch.fx.GraphModule({}, g))).items()}
+    {'x': {1}}
+    """
     recorded: dict[torch.fx.Node, set[int]] = {}
     for call in a.syncs.values():
         if call.target is ops.RECORD_STREAM and isinstance(call.args[0], torch.fx.Node):
