@@ -56,28 +56,9 @@ def is_tensor_value(node: Node) -> bool:
     return False
 
 
-def reads_of(a: StreamAssignment, node: Node) -> list[Node]:
-    """The tensor values ``node`` reads on the device (storage roots, deduplicated).
-
-    >>> import torch, streampass as sp
-    >>> from torch.fx.experimental.proxy_tensor import make_fx
-    >>> def f(x):
-    ...     with sp.stream(1):
-    ...         y = x.sin()
-    ...     return y + x.cos()
-    >>> gm = make_fx(f)(torch.ones(4))
-    >>> a = sp.read_streams(gm)
-    >>> add = next(n for n in a.nodes if n.name == "add")
-    >>> [r.name for r in reads_of(a, add)]
-    ['sin', 'cos']
-    """
-    if node in a.syncs or not (a.is_compute(node) or node.op == "output"):
-        return []
-    return _read_roots(node, a.root, {})
-
-
 def _read_roots(node: Node, root: dict[Node, Node], tensor: dict[Node, bool]) -> list[Node]:
-    """:func:`reads_of` without its checks on ``node``; ``tensor`` caches is_tensor_value."""
+    """The tensor values ``node`` reads on the device: storage roots, deduplicated, in argument
+    order (a ``control_deps`` node's own result is not a value). ``tensor`` caches is_tensor_value."""
     out: list[Node] = []
     for inp in ops.input_nodes(node):
         t = tensor.get(inp)
