@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.fx
 
@@ -38,14 +36,6 @@ class GraphBuilder:
     def output(self, *values) -> torch.fx.GraphModule:
         self.g.output(tuple(values))
         return torch.fx.GraphModule(torch.nn.Module(), self.g)
-
-
-def names(nodes):
-    return [n.name for n in nodes]
-
-
-def getitem(node, i):
-    return operator.getitem(node, i)
 
 
 def wrap_syncs_in_control_deps(gm: torch.fx.GraphModule) -> None:
