@@ -176,8 +176,8 @@ class StreamPass(PassBase):
 
     def _rewrite(self, gm, kind: str, device: torch.device, offset: int, indices: str) -> GraphReport:
         dynamo_indices.shift_indices(gm, offset)
-        # One reading before the pass (run reuses it) and one after (run's check; the lowering
-        # reuses it): docs/benchmarks.md, "One reading per compile".
+        # One reading, before the pass: run reuses it, and its region check hands the lowering
+        # the edit's kept reading of the result (docs/benchmarks.md, "One reading per compile").
         a = read_streams(gm)
         cross = sum(1 for n in a.nodes for i in n.all_input_nodes if a.stream[i] != a.stream[n])
         if a.streams == [AMBIENT] and not a.syncs:

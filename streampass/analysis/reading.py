@@ -90,7 +90,8 @@ def _graph_of(g: torch.fx.GraphModule | torch.fx.Graph) -> torch.fx.Graph:
     raise StreamPassError(f"expected a torch.fx.GraphModule or Graph, got {type(g).__name__}")
 
 
-def _annotated_stream(node: torch.fx.Node) -> int | None:
+def annotated_stream(node: torch.fx.Node) -> int | None:
+    """``node.meta["custom"]["stream"]`` if set (validated), else None."""
     custom = node.meta.get("custom")
     if not isinstance(custom, dict):
         return None
@@ -102,6 +103,12 @@ def _annotated_stream(node: torch.fx.Node) -> int | None:
 
 # The stream argument of the ops that name a stream other than the one they run on.
 _OTHER_STREAM_ARG = {ops.WAIT_STREAM: 1, ops.SYNC_STREAM: 0, ops.FORK: 1, ops.JOIN: 0}
+
+
+def named_stream(call: ops.SyncCall) -> int | None:
+    """The stream a stream op names without running on it (see ``StreamAssignment.named``), or None."""
+    i = _OTHER_STREAM_ARG.get(call.target)
+    return None if i is None else call.args[i]
 
 
 def _op_stream(call: ops.SyncCall) -> int:
@@ -164,12 +171,13 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
                 syncs[node] = call
                 root[node] = node
                 stream[node] = _sync_stream(call, regions, recorded, external)
-                if call.target in _OTHER_STREAM_ARG:
-                    named.add(call.args[_OTHER_STREAM_ARG[call.target]])
+                other = named_stream(call)
+                if other is not None:
+                    named.add(other)
                 continue
         src = values.aliases_input(node) if op == "call_function" else None
         root[node] = root.get(src, src) if src is not None else node
-        annotated = _annotated_stream(node)
+        annotated = annotated_stream(node)
         if op in ("placeholder", "get_attr", "output"):
             stream[node] = AMBIENT  # inputs are ready on the ambient stream; outputs are returned there
             continue
@@ -212,9 +220,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     if clash:
         index = min(clash)
         node = next((n for n, s in stream.items() if s == index), None) or next(
-            n
-            for n, c in syncs.items()
-            if c.target in _OTHER_STREAM_ARG and c.args[_OTHER_STREAM_ARG[c.target]] == index
+            n for n, c in syncs.items() if named_stream(c) == index
         )
         raise StreamPassError(f"index {index} is used both as a stream and as an event", node.name)
     return assignment

@@ -117,7 +117,6 @@ def requirements(a: StreamAssignment, same_stream: bool = False) -> tuple[list[R
     # else is "written" by the node that made it (or is an input), hence get(r, r).
     last_writer: dict[Node, Node] = {}
     cross: dict[Node, CrossStreamValue] = {}
-    last_on: dict[int, Node] = {}
     s_of, root, compute = a.stream, a.root, a.compute
     made_by = a.producer  # a storage no node writes was written by the kernel that made it
     tensor: dict[Node, bool] = {}  # is_tensor_value, once per node
@@ -131,23 +130,15 @@ def requirements(a: StreamAssignment, same_stream: bool = False) -> tuple[list[R
 
     for node in a.nodes:
         if node not in compute:
-            call = a.syncs.get(node)
-            if call is not None and call.target not in ops.HOST_SIDE_OPS:
-                # a record or wait on a side stream must be joined at exit too: a CUDA-graph
-                # capture fails on a stream that issues work after its last join
-                last_on[s_of[node]] = node
             if node.op == "output":
                 s = s_of[node]
                 for r in reads(node):
                     w = last_writer.get(r) or made_by.get(r, r)
                     if same_stream or s_of[w] != s:
                         reqs.append(Requirement("exit", w, node, r))
-                for t, last in last_on.items():
-                    if t != AMBIENT:
-                        reqs.append(Requirement("exit", last, node, None))
+                reqs += exit_joins(a, node)
             continue
         s = s_of[node]
-        last_on[s] = node
         mine = writes.get(node, ())
         for r in reads(node):
             if r in mine:
@@ -175,6 +166,38 @@ def requirements(a: StreamAssignment, same_stream: bool = False) -> tuple[list[R
     outputs = {root[x] for n in a.nodes if n.op == "output" for x in ops.input_nodes(n)}
     values = [c for v, c in cross.items() if v not in outputs]
     return reqs, values
+
+
+def exit_joins(a: StreamAssignment, output: Node) -> list[Requirement]:
+    """The ``exit`` requirements without a value: each side stream's last node before ``output``
+    (work, or a record or wait: a CUDA-graph capture fails on a stream that issues anything
+    after its last join) must complete before the graph returns.
+
+    They depend only on where each stream ends, so a pass that adds syncs recomputes just these
+    (:func:`streampass.run`'s region check); the rest of :func:`requirements` stays as it was.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + 1
+    >>> a = sp.read_streams(make_fx(f)(torch.ones(2)))
+    >>> [(r.before.name, r.after.name) for r in exit_joins(a, a.nodes[-1])]
+    [('sin', 'output')]
+    """
+    last_on: dict[int, Node] = {}
+    s_of, compute, syncs = a.stream, a.compute, a.syncs
+    for node in a.nodes:
+        if node is output:
+            break
+        if node in compute:
+            last_on[s_of[node]] = node
+        else:
+            call = syncs.get(node)
+            if call is not None and call.target not in ops.HOST_SIDE_OPS:
+                last_on[s_of[node]] = node
+    return [Requirement("exit", last, output, None) for t, last in last_on.items() if t != AMBIENT]
 
 
 def _writes_anything(node: Node) -> bool:

@@ -24,9 +24,11 @@ import torch
 import torch.fx
 
 from streampass import ops, values
+from streampass.analysis.reading import StreamAssignment
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
 from streampass.transform.plan import SyncPlan
+from streampass.transform.reading_after import check_region, reading_after
 from streampass.transform.subgraphs import attr_of, free_attr, sync_subgraph
 
 Node = torch.fx.Node
@@ -118,6 +120,7 @@ class _Editor:
                 custom = node.meta.get("custom") or {}
                 if custom.get("stream") != s:
                     _set_stream(node, s)
+                    self.edited.append(node)
                     self.changed = True
 
     # -- 3. the data dependencies that encode the order -------------------------------------
@@ -371,13 +374,22 @@ def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True)
     >>> apply_plan(gm, plan), sp.verify(gm).ok
     (True, True)
     """
+    return apply_and_read(gm, plan, recompile)[0]
+
+
+def apply_and_read(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True) -> tuple[bool, StreamAssignment]:
+    """:func:`apply_plan`, and the edited graph's reading from the edit's bookkeeping
+    (:mod:`streampass.transform.reading_after`), its edited nodes checked against the graph."""
     editor = _Editor(gm, plan)
     editor.insert()
     editor.normalize_streams()
     editor.encode()
-    if editor.changed:
-        editor.check_order()
-        editor.drop_switches()
-        if recompile:
-            gm.recompile()
-    return editor.changed
+    if not editor.changed:
+        return False, plan.assignment
+    editor.check_order()
+    editor.drop_switches()
+    after = reading_after(plan.assignment, gm.graph, editor.stream, editor.calls, editor.root)
+    check_region(after, editor.edited)
+    if recompile:
+        gm.recompile()
+    return True, after

@@ -13,11 +13,11 @@ from streampass import runtime
 from streampass.analysis.dag import StreamDAG
 from streampass.analysis.hazards import find_hazards
 from streampass.analysis.reading import StreamAssignment, read_streams
-from streampass.analysis.requirements import requirements
+from streampass.analysis.requirements import exit_joins, requirements
 from streampass.analysis.verify import Report
 from streampass.errors import StreamPassError
 from streampass.transform import snapshot
-from streampass.transform.apply import apply_plan
+from streampass.transform.apply import apply_and_read
 from streampass.transform.plan import SyncPlan
 from streampass.transform.planner import plan_syncs
 
@@ -32,8 +32,8 @@ class RunResult:
     waits_added: int
     changed: bool
     plan: SyncPlan
-    #: the reading of the graph as run left it (its final check's), for later passes that need
-    #: one (the lowerings); None with ``check=False``
+    #: the reading of the graph as run left it, for later passes that need one (the lowerings):
+    #: built from the edit's bookkeeping, or re-read with ``check="full"``
     assignment: StreamAssignment | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -74,7 +74,7 @@ def _as_module(g: torch.fx.GraphModule | torch.fx.Graph) -> torch.fx.GraphModule
 def run(
     g: torch.fx.GraphModule | torch.fx.Graph,
     external_events: Iterable[int] = (),
-    check: bool = True,
+    check: bool | str = "region",
     bind_runtime: bool = True,
     recompile: bool = True,
     assignment: StreamAssignment | None = None,
@@ -82,7 +82,10 @@ def run(
     """Make ``g`` race-free in place: insert the fewest record/wait pairs and encode the order.
 
     Idempotent: a second call changes nothing. On a :class:`StreamPassError` the graph is left
-    exactly as it was. ``check=False`` skips the final :func:`verify` (it is cheap; keep it on).
+    exactly as it was. The final check (``result.after``) is as strong as :func:`verify`:
+    ``check="region"`` (the default, also ``True``) runs verify's race check on the reading the
+    edit kept up to date, after re-reading only the nodes it touched; ``check="full"`` re-reads
+    the whole graph first (the tests check that both agree); ``check=False`` skips it.
     ``bind_runtime`` makes ``gm(*args)`` fill the stream/event table itself
     (:func:`streampass.runtime.install`); compilers that own the table turn it off.
     ``recompile=False`` leaves regenerating ``gm``'s Python code to the caller (a compiler
@@ -102,6 +105,8 @@ def run(
     >>> result.ok, len(result.before.hazards) > 0, sp.run(gm).changed
     (True, True, False)
     """
+    if check not in (True, False, "region", "full"):
+        raise StreamPassError(f'run(check=...) takes "region", "full", True or False, not {check!r}')
     with collector_paused():
         return _run(_as_module(g), external_events, check, bind_runtime, recompile, assignment)
 
@@ -177,7 +182,8 @@ def _run(gm, external_events, check, bind_runtime, recompile, given=None) -> Run
         reqs = requirements(assignment)
         before = Report(find_hazards(dag, reqs), dag.streams)
         plan = plan_syncs(assignment, reqs=reqs)
-        changed = apply_plan(gm, plan, recompile=recompile) or hoisted
+        edited, final = apply_and_read(gm, plan, recompile=recompile)
+        changed = edited or hoisted
     except Exception as e:
         saved.restore()
         gm.recompile()
@@ -191,12 +197,24 @@ def _run(gm, external_events, check, bind_runtime, recompile, given=None) -> Run
         record["table"] = None  # streams or events may have changed: rebuild on next call
     if bind_runtime and (assignment.streams != [0] or assignment.syncs or plan.waits):
         runtime.install(gm)
-    if check:
-        if changed:
-            after_dag = StreamDAG.from_graph(gm, external_events)
-            after, final = Report(find_hazards(after_dag), after_dag.streams), after_dag.assignment
-        else:  # the graph is as it was read: so is its verdict
-            after, final = before, assignment
+    if not check:
+        after = Report([], dag.streams)
+    elif not changed:  # the graph is as it was read: so is its verdict
+        after = before
+    elif check == "full":
+        after_dag = StreamDAG.from_graph(gm, external_events)
+        after, final = Report(find_hazards(after_dag), after_dag.streams), after_dag.assignment
     else:
-        after, final = Report([], dag.streams), None
+        after = _region_check(final, reqs)
     return RunResult(before, after, len(plan.records), len(plan.waits), changed, plan, final)
+
+
+def _region_check(final: StreamAssignment, reqs) -> Report:
+    """Verify's race check on the edited graph's kept reading: the data requirements are the
+    ones read before the edit (syncs add none), the exit joins are recomputed (syncs move
+    where each stream ends)."""
+    data, cross = reqs
+    output = next(n for n in reversed(final.nodes) if n.op == "output")
+    kept = [r for r in data if r.kind != "exit" or r.value is not None] + exit_joins(final, output)
+    dag = StreamDAG(final)
+    return Report(find_hazards(dag, (kept, cross)), dag.streams)

@@ -1,0 +1,95 @@
+"""The reading of a graph after :mod:`streampass.transform.apply` edited it, from the edit's own
+bookkeeping instead of a second :func:`~streampass.analysis.reading.read_streams`, and the
+region check that the bookkeeping says what the edited nodes say.
+
+The edit knows every stream, sync and storage root it made or changed; everything else is as
+the reading before the edit found it. So the reading after costs one walk of the node list,
+and :func:`check_region` re-reads only the nodes the edit touched. The property tests compare
+this reading with a fresh ``read_streams`` of the edited graph, field by field.
+"""
+
+from __future__ import annotations
+
+import torch.fx
+
+from streampass import ops, values
+from streampass.analysis.reading import StreamAssignment, annotated_stream, named_stream
+from streampass.errors import StreamPassError
+from streampass.ops import AMBIENT
+
+Node = torch.fx.Node
+
+
+def reading_after(
+    before: StreamAssignment,
+    graph: torch.fx.Graph,
+    stream: dict[Node, int],
+    calls: dict[Node, ops.SyncCall],
+    root: dict[Node, Node],
+) -> StreamAssignment:
+    """The :class:`StreamAssignment` of ``graph`` as edited, given the edit's bookkeeping.
+
+    ``stream`` and ``root`` are the reading's maps with the edit's new nodes added; ``calls``
+    every stream op, new ones included, as first made (a plain op the edit then wrapped in
+    ``control_deps`` reads here as the wrapper it became). Erased nodes (fork/join) drop out.
+    Raises :class:`StreamPassError` if the graph holds a node the bookkeeping cannot place.
+    """
+    nodes = list(graph.nodes)
+    out_stream: dict[Node, int] = {}
+    out_root: dict[Node, Node] = {}
+    syncs: dict[Node, ops.SyncCall] = {}
+    named: set[int] = set()
+    for n in nodes:
+        call = calls.get(n)
+        if call is not None:
+            if n.target is ops.CONTROL_DEPS and call.wrapper is not n:
+                call = ops.SyncCall(call.target, call.args, n, n)
+            syncs[n] = call
+            other = named_stream(call)
+            if other is not None:
+                named.add(other)
+            out_root[n] = n
+        elif n in root:
+            out_root[n] = root[n]
+        elif n.op == "get_attr":  # a subgraph the edit added: an input, like any attribute
+            out_root[n] = n
+        else:
+            raise StreamPassError(f"internal error: the edit made {n.name} without recording it", n.name)
+        out_stream[n] = stream.get(n, AMBIENT)
+    return StreamAssignment(
+        graph=graph,
+        nodes=nodes,
+        stream=out_stream,
+        syncs=syncs,
+        root=out_root,
+        external_events=before.external_events,
+        position={n: i for i, n in enumerate(nodes)},
+        compute=before.compute,
+        producer=before.producer,
+        named=frozenset(named),
+    )
+
+
+def check_region(a: StreamAssignment, edited) -> None:
+    """Re-read the nodes an edit made or changed, and compare with the reading ``a`` built for
+    them: the stream op each performs, its stream annotation and its storage root.
+
+    Raises :class:`StreamPassError` (an internal error, naming the node) on any difference.
+    Nodes the edit did not touch read as they did before it, which needs no check.
+    """
+    for n in dict.fromkeys(edited):
+        if n not in a.position:
+            continue  # erased since (a fork/join)
+        want, got = a.syncs.get(n), ops.as_sync_call(n)
+        if (want is None) != (got is None) or (
+            got is not None and (got.target, got.args, got.wrapper) != (want.target, want.args, want.wrapper)
+        ):
+            raise StreamPassError(f"internal error: the edit left {n.name} performing {got}, planned {want}", n.name)
+        if got is None and n.op == "call_function":
+            s = annotated_stream(n)
+            if (AMBIENT if s is None else s) != a.stream[n]:
+                raise StreamPassError(f"internal error: {n.name} is annotated {s}, planned {a.stream[n]}", n.name)
+            src = values.aliases_input(n)
+            expected = a.root[src] if src is not None else n
+            if a.root[n] is not expected:
+                raise StreamPassError(f"internal error: {n.name} reads storage {a.root[n].name}, not {expected.name}")
