@@ -1,0 +1,222 @@
+"""Candidate stream assignments of a :class:`~streampass.assign.dag.WorkGraph`.
+
+Each candidate returns ``(streams, notes)``: node -> stream for every compute node (fixed nodes
+keep theirs) and node -> why it is where it is, for the nodes a rule placed. ``slots`` are the
+stream indices a candidate may use, ambient (0) first. The assigner (``assign.choose``) runs
+them all through ``streampass.run`` and the simulator and keeps the best; the baselines of
+benchmarks/assign.py are the plain ones (:func:`chain_cover`, :func:`round_robin`,
+:func:`critical_round_robin`).
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import torch.fx
+
+from streampass.analysis.reading import StreamAssignment
+from streampass.assign.dag import WorkGraph
+from streampass.ops import AMBIENT
+
+Node = torch.fx.Node
+Candidate = tuple[dict[Node, int], dict[Node, str]]
+
+
+def stream_slots(a: StreamAssignment, max_streams: int) -> list[int]:
+    """The ambient stream and ``max_streams - 1`` side streams no node or event of the graph uses.
+
+    >>> import torch, streampass as sp
+    >>> stream_slots(sp.read_streams(torch.fx.symbolic_trace(lambda x: x + 1)), 3)
+    [0, 1, 2]
+    """
+    used = set(a.streams) | a.events()
+    out, k = [AMBIENT], 1
+    while len(out) < max(1, max_streams):
+        if k not in used:
+            out.append(k)
+        k += 1
+    return out
+
+
+def _with_fixed(w: WorkGraph, streams: dict[Node, int]) -> dict[Node, int]:
+    for n, (s, _) in w.fixed.items():
+        streams[n] = s
+    return streams
+
+
+def one_stream(w: WorkGraph) -> Candidate:
+    """Every free node on the ambient stream."""
+    return w.base(), {}
+
+
+def chains(w: WorkGraph) -> list[list[Node]]:
+    """Nimble's minimum chain cover: a maximum matching of the transitive reduction's edges
+    (each node followed by at most one successor, preceded by at most one predecessor), read
+    as chains, in the order of their first node. Nodes of one chain need no sync between them.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> from streampass.assign.dag import work_graph
+    >>> from streampass.sim.cost import CostModel
+    >>> gm = make_fx(lambda x: x.sin().exp() + x.cos())(torch.ones(2))
+    >>> w = work_graph(sp.read_streams(gm), CostModel())
+    >>> cover = chains(w)  # two chains: which one takes `add` depends on the matching
+    >>> len(cover), sorted(n.name for c in cover for n in c)
+    (2, ['add', 'cos', 'exp', 'sin'])
+    """
+    r = w.reduction()
+    b = nx.Graph()
+    left = [("out", u) for u in w.nodes]
+    b.add_nodes_from(left)
+    b.add_nodes_from(("in", v) for v in w.nodes)
+    b.add_edges_from((("out", u), ("in", v)) for u, v in r.edges)
+    match = nx.bipartite.hopcroft_karp_matching(b, top_nodes=left)
+    nxt = {u: match[("out", u)][1] for u in w.nodes if ("out", u) in match}
+    has_prev = set(nxt.values())
+    out = []
+    for n in w.nodes:
+        if n in has_prev:
+            continue
+        chain = [n]
+        while chain[-1] in nxt:
+            chain.append(nxt[chain[-1]])
+        out.append(chain)
+    return out
+
+
+def chain_cover(w: WorkGraph, slots: list[int]) -> Candidate:
+    """Nimble-style: the chains of :func:`chains` mapped onto ``slots``, heaviest chain on the
+    ambient stream, each other chain (heaviest first) on the least-loaded stream."""
+    cover = sorted(chains(w), key=lambda c: -sum(w.device[n] for n in c))
+    load = dict.fromkeys(slots, 0.0)
+    streams: dict[Node, int] = {}
+    for i, chain in enumerate(cover):
+        s = AMBIENT if i == 0 else min(slots, key=lambda k: (load[k], k))
+        load[s] += sum(w.device[n] for n in chain)
+        streams.update(dict.fromkeys(chain, s))
+    return _with_fixed(w, streams), {}
+
+
+def segments(w: WorkGraph) -> list[list[Node]]:
+    """The branches: maximal straight runs of the transitive reduction (a node continues its
+    predecessor's run when it is that predecessor's only successor and has no other predecessor)."""
+    r = w.reduction()
+    run_of: dict[Node, list[Node]] = {}
+    out: list[list[Node]] = []
+    for n in w.nodes:
+        preds = list(r.predecessors(n))
+        if len(preds) == 1 and r.out_degree(preds[0]) == 1:
+            run_of[n] = run_of[preds[0]]
+            run_of[n].append(n)
+        else:
+            run_of[n] = [n]
+            out.append(run_of[n])
+    return out
+
+
+def round_robin(w: WorkGraph, slots: list[int]) -> Candidate:
+    """Each branch (:func:`segments`) on the next stream in turn, in graph order."""
+    streams: dict[Node, int] = {}
+    for i, seg in enumerate(segments(w)):
+        streams.update(dict.fromkeys(seg, slots[i % len(slots)]))
+    return _with_fixed(w, streams), {}
+
+
+def critical_round_robin(w: WorkGraph, slots: list[int]) -> Candidate:
+    """The critical path on the ambient stream, the rest of each branch round-robin on the side streams."""
+    cp = set(w.critical_path())
+    side = slots[1:] or [AMBIENT]
+    streams = dict.fromkeys(cp, AMBIENT)
+    notes = dict.fromkeys(cp, "on the critical path")
+    i = 0
+    for seg in segments(w):
+        rest = [n for n in seg if n not in cp]
+        if rest:
+            streams.update(dict.fromkeys(rest, side[i % len(side)]))
+            i += 1
+    return _with_fixed(w, streams), notes
+
+
+def list_schedule(w: WorkGraph, slots: list[int], pin_critical: bool, cpu_weight: float = 1.0) -> Candidate:
+    """Earliest-finish list scheduling in issue order, on the simulator's model (docs/assign.md).
+
+    The CPU issues each kernel (``launch_overhead``) and each cross-stream sync (a record and a
+    wait, ``sync_cost`` each, per other stream read from); a kernel starts when it is issued, its
+    stream is free and its inputs are done. Each node goes where it would finish first, counting
+    ``cpu_weight`` times the extra CPU time its syncs take (that delays every later launch);
+    ties stay on the stream of the predecessor it depends on most, then the ambient stream.
+    ``pin_critical`` keeps the critical path on the ambient stream.
+    """
+    p = w.profile
+    pinned = set(w.critical_path()) if pin_critical else set()
+    cpu = 0.0
+    free_at = dict.fromkeys(slots, 0.0)
+    finish: dict[Node, float] = {}
+    streams: dict[Node, int] = {}
+    notes: dict[Node, str] = {}
+    for n in w.nodes:
+        if n in w.fixed:
+            options = [w.fixed[n][0]]
+            free_at.setdefault(options[0], 0.0)
+        elif n in pinned:
+            options = [AMBIENT]
+            notes[n] = "on the critical path"
+        else:
+            options = slots
+        heavy = max(w.preds[n], key=lambda u: w.time[u], default=None)
+        home = streams[heavy] if heavy is not None else AMBIENT
+        best = None
+        for s in options:
+            others = {streams[u] for u in w.preds[n]} - {s}
+            extra = 2 * p.sync_cost * len(others)
+            issued = cpu + p.launch_overhead + extra
+            ready = max((finish[u] for u in w.preds[n]), default=0.0)
+            end = max(issued, free_at[s], ready) + w.device[n]
+            key = (end + cpu_weight * extra, s != home, s != AMBIENT)
+            if best is None or key < best[0]:
+                best = (key, s, end, issued)
+        _, s, end, issued = best
+        streams[n], finish[n], free_at[s], cpu = s, end, end, issued
+    return streams, notes
+
+
+def merge_small(w: WorkGraph, streams: dict[Node, int], threshold: float) -> Candidate:
+    """Move each side-stream branch whose device work is below ``threshold`` onto the stream of
+    the predecessor it depends on most (the ambient stream if none): its syncs and launches
+    would cost more than the overlap gains. A branch: nodes of one side stream connected by
+    dependencies. Fixed nodes never move."""
+    streams = dict(streams)
+    notes: dict[Node, str] = {}
+    seen: set[Node] = set()
+    for n in w.nodes:
+        s = streams[n]
+        if n in seen or s == AMBIENT or n in w.fixed:
+            continue
+        group, stack = [], [n]
+        seen.add(n)
+        while stack:
+            u = stack.pop()
+            group.append(u)
+            for v in w.preds[u] + w.succs[u]:
+                if v not in seen and streams[v] == s and v not in w.fixed:
+                    seen.add(v)
+                    stack.append(v)
+        work = sum(w.device[u] for u in group)
+        if work >= threshold:
+            continue
+        members = set(group)
+        outside = [u for g in group for u in w.preds[g] if u not in members]
+        target = streams[max(outside, key=lambda u: w.time[u])] if outside else AMBIENT
+        why = (
+            f"too small to pay for sync+launch ({work * 1e6:.1f} us of device work < "
+            f"2×(launch+sync) = {threshold * 1e6:.1f} us)"
+        )
+        for u in group:
+            streams[u] = target
+            notes[u] = why
+    return streams, notes
+
+
+def demote(w: WorkGraph, streams: dict[Node, int], stream: int) -> Candidate:
+    """Every free node of ``stream`` moved to the ambient stream."""
+    out = {n: AMBIENT if s == stream and n not in w.fixed else s for n, s in streams.items()}
+    return out, {}

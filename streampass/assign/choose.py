@@ -1,0 +1,268 @@
+"""``streampass.assign_streams``: pick the stream of every compute node, by simulation.
+
+Candidates (``assign.candidates``) are priced by running ``streampass.run`` on an annotated copy
+and simulating it (``assign.evaluate``); the single-stream assignment wins unless another is
+strictly faster. Never edits the user's graph; :meth:`StreamChoice.apply` writes the choice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch.fx
+
+from streampass.analysis.reading import read_streams
+from streampass.assign import candidates as cand
+from streampass.assign.dag import WorkGraph, work_graph
+from streampass.assign.evaluate import Evaluation, evaluate
+from streampass.ops import AMBIENT
+from streampass.sim.cost import CostModel, DeviceProfile
+from streampass.sim.schedule import Schedule
+
+#: makespans within this share of each other tie (then fewer waits, then less memory win)
+TIE = 1e-3
+
+
+@dataclass
+class StreamChoice:
+    """What :func:`assign_streams` chose, and why.
+
+    Attributes:
+        streams: node name -> stream index for every compute node (0 = ambient), fixed ones included.
+        schedule: the simulated :class:`~streampass.sim.schedule.Schedule` of the graph after
+            this choice and ``streampass.run`` (syncs included).
+        single_stream: the simulated makespan with every free node on the ambient stream.
+        waits, records: the syncs ``run`` adds for this choice.
+        peak_bytes: the estimated peak live memory of that schedule (``assign.memory``).
+        candidate: the name of the candidate that won.
+        candidates: every candidate priced, in the order tried.
+        reasons: node name -> why it is on the stream it is on (fixed, critical path, too small, ...).
+        free: the nodes the choice may place (the rest are fixed by the graph).
+        seconds: wall time of the whole search.
+    """
+
+    streams: dict[str, int]
+    schedule: Schedule = field(repr=False)
+    single_stream: float
+    waits: int
+    records: int
+    peak_bytes: int
+    candidate: str
+    candidates: list[Evaluation] = field(repr=False)
+    reasons: dict[str, str] = field(repr=False)
+    free: frozenset[str] = field(repr=False)
+    seconds: float = 0.0
+    note: str = ""
+
+    @property
+    def makespan(self) -> float:
+        return self.schedule.makespan
+
+    @property
+    def used(self) -> list[int]:
+        """The streams the choice puts work on, ambient first."""
+        return sorted(set(self.streams.values()) | {AMBIENT})
+
+    def groups(self) -> dict[int, list[str]]:
+        """Stream -> the nodes placed on it, in graph order."""
+        out: dict[int, list[str]] = {}
+        for name, s in self.streams.items():
+            out.setdefault(s, []).append(name)
+        return out
+
+    def explain(self) -> str:
+        """A few lines: the candidates' makespans, the streams chosen, why nodes stayed ambient."""
+        us = 1e6
+        lines = [
+            f"chose {self.candidate!r}: {self.makespan * us:.1f} us simulated vs {self.single_stream * us:.1f} us "
+            f"on one stream; streams {self.used}; run adds {self.waits} wait(s), {self.records} record(s); "
+            f"peak ~{self.peak_bytes / 2**20:.1f} MiB"
+        ]
+        if self.note:
+            lines.append(self.note)
+        lines.append(
+            "candidates: " + ", ".join(f"{e.name} {e.makespan * us:.1f} us/{e.waits}w" for e in self.candidates)
+        )
+        for s, names in sorted(self.groups().items()):
+            shown = ", ".join(names[:8]) + (f", ... ({len(names)} nodes)" if len(names) > 8 else "")
+            lines.append(f"stream {s}: {shown}")
+        why: dict[str, list[str]] = {}
+        for name, reason in self.reasons.items():
+            why.setdefault(reason, []).append(name)
+        for reason, names in why.items():
+            lines.append(f"{len(names)} node(s) {reason}: {', '.join(names[:6])}{', ...' if len(names) > 6 else ''}")
+        return "\n".join(lines)
+
+    @property
+    def explanation(self) -> str:
+        return self.explain()
+
+    def apply(self, gm: torch.fx.GraphModule) -> int:
+        """Write the choice into ``gm`` as ``custom.stream`` annotations (free nodes only);
+        returns how many nodes changed. Then ``streampass.run(gm)`` adds the syncs. On a
+        :class:`~streampass.errors.StreamPassError` (a node missing or annotated otherwise)
+        ``gm`` is left as it was."""
+        from streampass.transform.assign_apply import apply_streams
+
+        return apply_streams(gm, {k: s for k, s in self.streams.items() if k in self.free})
+
+    def __repr__(self) -> str:
+        return (
+            f"<StreamChoice {self.candidate}: streams {self.used}, {self.makespan * 1e6:.1f} us "
+            f"(one stream {self.single_stream * 1e6:.1f} us), {self.waits} wait(s)>"
+        )
+
+
+def _model(cost) -> CostModel:
+    if isinstance(cost, CostModel):
+        return cost
+    if cost is None or isinstance(cost, (str, DeviceProfile)):
+        return CostModel(cost or "h100")
+    raise TypeError(f"cost must be a CostModel, a profile name or a DeviceProfile, got {type(cost).__name__}")
+
+
+def _key(e: Evaluation, best: float):
+    tied = e.makespan <= best * (1 + TIE)
+    return (not tied, e.makespan if not tied else 0.0, e.waits, e.peak_bytes, e.makespan)
+
+
+def generate(w: WorkGraph, slots: list[int]):
+    """``(name, streams, notes)`` for every candidate the search prices first."""
+    p = w.profile
+    threshold = 2 * (p.launch_overhead + p.sync_cost)
+    yield "one stream", *cand.one_stream(w)
+    if len(slots) < 2 or len(w.free) < 2:
+        return
+    base = {
+        "nimble": cand.chain_cover(w, slots),
+        "round robin": cand.round_robin(w, slots),
+        "critical path + round robin": cand.critical_round_robin(w, slots),
+        "list": cand.list_schedule(w, slots, pin_critical=False),
+        "list, critical path ambient": cand.list_schedule(w, slots, pin_critical=True),
+        "list, launch-blind": cand.list_schedule(w, slots, pin_critical=False, cpu_weight=0.0),
+    }
+    for name, (streams, notes) in base.items():
+        yield name, streams, notes
+        merged, why = cand.merge_small(w, streams, threshold)
+        if merged != streams:
+            yield f"{name}, merged", merged, {**notes, **why}
+
+
+def assign_streams(
+    gm: torch.fx.GraphModule,
+    cost: CostModel | str | DeviceProfile | None = "h100",
+    max_streams: int = 4,
+    memory_budget: int | None = None,
+    *,
+    cpu_launch: bool = True,
+    external_events=(),
+) -> StreamChoice:
+    """Choose a stream for every compute node of ``gm``; ``gm`` is not edited.
+
+    Nodes the graph already places (a ``custom.stream`` annotation, a fork/join region) keep their
+    stream, and existing stream ops stay. Every candidate (one stream; Nimble's chain cover;
+    round robin over branches; critical path on the ambient stream; earliest-finish list
+    scheduling; each with small branches merged back, docs/assign.md) uses at most
+    ``max_streams`` streams for the free nodes and is priced by ``streampass.run`` on a copy and
+    :func:`streampass.simulate` (``cpu_launch=True``: launches and syncs cost CPU time, so
+    tiny kernels do not pay for a side stream). The fastest wins (ties: fewer waits, then less
+    memory), but only if strictly faster than one stream; candidates whose estimated peak
+    memory exceeds ``memory_budget`` bytes are left out.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x, w):
+    ...     return (x @ w).relu() + (x @ w.t()).sigmoid()
+    >>> m = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+    >>> gm = make_fx(f)(m, m)
+    >>> choice = sp.assign_streams(gm)
+    >>> choice.used, choice.makespan < choice.single_stream
+    ([0, 1], True)
+    >>> choice.apply(gm) > 0, sp.run(gm).ok, sp.verify(gm).ok
+    (True, True, True)
+    >>> small = make_fx(f)(torch.ones(8, 8), torch.ones(8, 8))
+    >>> sp.assign_streams(small).used  # kernels too small to pay for a sync
+    [0]
+    """
+    t0 = time.perf_counter()
+    if max_streams < 1:
+        raise ValueError("max_streams must be at least 1")
+    model = _model(cost)
+    events = tuple(external_events) or tuple((gm.meta.get("streampass") or {}).get("external_events", ()))
+    a = read_streams(gm, events)
+    w = work_graph(a, model)
+    slots = cand.stream_slots(a, max_streams)
+    free = frozenset(n.name for n in w.free)
+    tried: dict[tuple, Evaluation] = {}
+
+    def price(name, streams, notes) -> Evaluation:
+        named = {n.name: s for n, s in streams.items()}
+        key = tuple(sorted(named.items()))
+        if key not in tried:
+            tried[key] = evaluate(
+                gm, name, named, free, model, cpu_launch, events, {n.name: v for n, v in notes.items()}
+            )
+        return tried[key]
+
+    single = None
+    for name, streams, notes in generate(w, slots):
+        e = price(name, streams, notes)
+        single = single or e
+    best = _pick(list(tried.values()), single, memory_budget)
+    # Local search: move each side stream of the winner back to the ambient stream.
+    by_node = {n: best.streams[n.name] for n in w.nodes}
+    for s in sorted(set(best.streams.values()) - {AMBIENT}):
+        if any(by_node[n] == s for n in w.free):
+            price(f"{best.name}, stream {s} ambient", *cand.demote(w, by_node, s))
+    best = _pick(list(tried.values()), single, memory_budget)
+    note = ""
+    if best is single and len(tried) > 1:
+        rival = min((e for e in tried.values() if e is not single and e.ok), key=lambda e: e.makespan, default=None)
+        if rival is not None:
+            note = (
+                f"streams do not pay: the best multi-stream candidate ({rival.name!r}) predicts "
+                f"{rival.makespan * 1e6:.1f} us against {single.makespan * 1e6:.1f} us on one stream"
+            )
+    if memory_budget is not None and best.peak_bytes > memory_budget:
+        note = (note + "; " if note else "") + f"no candidate fits memory_budget={memory_budget}: least memory chosen"
+    reasons = _reasons(w, best, note)
+    return StreamChoice(
+        streams=best.streams,
+        schedule=best.schedule,
+        single_stream=single.makespan,
+        waits=best.waits,
+        records=best.records,
+        peak_bytes=best.peak_bytes,
+        candidate=best.name,
+        candidates=list(tried.values()),
+        reasons=reasons,
+        free=free,
+        seconds=time.perf_counter() - t0,
+        note=note,
+    )
+
+
+def _pick(evals: list[Evaluation], single: Evaluation, budget: int | None) -> Evaluation:
+    ok = [e for e in evals if e.ok and (budget is None or e.peak_bytes <= budget)]
+    if not ok:
+        return min((e for e in evals if e.ok), key=lambda e: (e.peak_bytes, e.makespan), default=single)
+    fastest = min(e.makespan for e in ok)
+    best = min(ok, key=lambda e: _key(e, fastest))
+    if single in ok and not best.makespan < single.makespan * (1 - 1e-9):
+        return single  # streams must strictly pay
+    return best
+
+
+def _reasons(w: WorkGraph, best: Evaluation, note: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n in w.nodes:
+        s = best.streams[n.name]
+        if n in w.fixed:
+            out[n.name] = f"{w.fixed[n][1]} (stream {w.fixed[n][0]})"
+        elif s == AMBIENT:
+            if note.startswith("streams do not pay"):
+                out[n.name] = "on the ambient stream: streams do not pay for this graph"
+            else:
+                out[n.name] = best.notes.get(n.name, f"placed on the ambient stream by {best.name!r}")
+    return out

@@ -1,0 +1,129 @@
+"""The work graph the assigner places on streams: compute nodes, what each must wait for, what
+each costs, and which nodes the user already placed (fixed).
+
+Edges are the program's own orderings (``requirements(..., same_stream=True)``: a read after
+the write it reads, a write after earlier reads and writes of its storage), between compute
+nodes only: views and the getitems of multi-output ops launch nothing (docs/design.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch.fx
+
+from streampass import ops
+from streampass.analysis.reading import StreamAssignment
+from streampass.analysis.requirements import requirements
+from streampass.ops import AMBIENT
+from streampass.sim.cost import CostModel, DeviceProfile
+
+Node = torch.fx.Node
+
+
+def fixed_streams(a: StreamAssignment) -> dict[Node, tuple[int, str]]:
+    """Compute nodes whose stream the graph already decides, with the reason: a ``custom.stream``
+    annotation, or an open fork/join region around it.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> a = sp.read_streams(make_fx(f)(torch.ones(2)))
+    >>> {n.name: v for n, v in fixed_streams(a).items()}
+    {'sin': (1, 'fixed by user annotation')}
+    """
+    out: dict[Node, tuple[int, str]] = {}
+    depth = 0
+    for node in a.nodes:
+        call = a.syncs.get(node)
+        if call is not None:
+            depth += 1 if call.target is ops.FORK else -1 if call.target is ops.JOIN else 0
+            continue
+        if not a.is_compute(node):
+            continue
+        custom = node.meta.get("custom")
+        if isinstance(custom, dict) and custom.get("stream") is not None:
+            out[node] = (a.stream[node], "fixed by user annotation")
+        elif depth > 0:
+            out[node] = (a.stream[node], "fixed by an enclosing fork/join region")
+    return out
+
+
+@dataclass
+class WorkGraph:
+    """The compute nodes of a graph in issue order, with their dependencies and times.
+
+    ``time[n]``: the cost model's seconds (one launch included); ``device[n]``: that time less
+    the launch overhead, the part that other streams can overlap. ``fixed``: node -> (stream,
+    why). ``nx``: the dependency DAG over the nodes (networkx, edges ``before -> after``).
+    """
+
+    nodes: list[Node]
+    preds: dict[Node, list[Node]]
+    succs: dict[Node, list[Node]]
+    time: dict[Node, float]
+    device: dict[Node, float]
+    fixed: dict[Node, tuple[int, str]]
+    profile: DeviceProfile
+    nx: nx.DiGraph = field(repr=False, default_factory=nx.DiGraph)
+
+    @property
+    def free(self) -> list[Node]:
+        return [n for n in self.nodes if n not in self.fixed]
+
+    def base(self) -> dict[Node, int]:
+        """Every node on the ambient stream except the fixed ones."""
+        return {n: self.fixed[n][0] if n in self.fixed else AMBIENT for n in self.nodes}
+
+    def critical_path(self) -> list[Node]:
+        """The longest chain of dependencies by cost-model time (networkx ``dag_longest_path``)."""
+        if not self.nodes:
+            return []
+        g = nx.DiGraph()
+        g.add_nodes_from(self.nodes)
+        for v in self.nodes:
+            for u in self.preds[v]:
+                g.add_edge(u, v, w=self.time[v])
+        src = "__entry__"
+        for n in self.nodes:
+            g.add_edge(src, n, w=self.time[n])
+        return [n for n in nx.dag_longest_path(g, weight="w") if n != src]
+
+    def reduction(self) -> nx.DiGraph:
+        """The transitive reduction of the dependencies (Nimble's minimum equivalent graph)."""
+        cached = self.__dict__.get("_reduction")
+        if cached is None:
+            cached = self.__dict__["_reduction"] = nx.transitive_reduction(self.nx)
+        return cached
+
+
+def work_graph(a: StreamAssignment, model: CostModel) -> WorkGraph:
+    """The :class:`WorkGraph` of a reading.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> w = work_graph(sp.read_streams(make_fx(lambda x: x.sin() + x.cos())(torch.ones(2))), CostModel())
+    >>> [n.name for n in w.nodes], [u.name for u in w.preds[w.nodes[-1]]]
+    (['sin', 'cos', 'add'], ['sin', 'cos'])
+    """
+    nodes = [n for n in a.nodes if a.is_compute(n)]
+    preds: dict[Node, list[Node]] = {n: [] for n in nodes}
+    succs: dict[Node, list[Node]] = {n: [] for n in nodes}
+    reqs, _ = requirements(a, same_stream=True)
+    g = nx.DiGraph()
+    g.add_nodes_from(nodes)
+    for r in reqs:
+        u, v = r.before, r.after
+        if u is v or u not in preds or v not in preds or g.has_edge(u, v):
+            continue
+        g.add_edge(u, v)
+        preds[v].append(u)
+        succs[u].append(v)
+    launch = model.profile.launch_overhead
+    time = {n: model.node_time(n) for n in nodes}
+    device = {n: max(0.0, t - launch) for n, t in time.items()}
+    return WorkGraph(nodes, preds, succs, time, device, fixed_streams(a), model.profile, g)
