@@ -1,0 +1,168 @@
+"""Automatic stream assignment (streampass.assign_streams): correct after run, never slower than
+one stream, fixed annotations kept, streams only where they pay."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import streampass as sp
+from streampass.runtime import run_serial
+from streampass.sim.cost import CostModel
+from streampass.synthetic import random_inputs, random_stream_graph
+
+SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _aten_100us(node: torch.fx.Node) -> float | None:
+    target = node.target
+    return 1e-4 if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten" else None
+
+
+#: every aten kernel 100 us (stream ops keep their sync cost): side streams pay on the random graphs
+BIG = CostModel("h100", overrides=_aten_100us)
+
+
+def _strip(gm: torch.fx.GraphModule, keep: float, seed: int) -> dict[str, int]:
+    """Drop the stream annotations, keeping about ``keep`` of them; returns those kept."""
+    import random
+
+    rng = random.Random(seed)
+    kept = {}
+    for n in gm.graph.nodes:
+        custom = n.meta.get("custom")
+        if isinstance(custom, dict) and "stream" in custom:
+            if rng.random() < keep:
+                kept[n.name] = custom["stream"]
+            else:
+                n.meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
+    return kept
+
+
+graphs = st.builds(
+    random_stream_graph,
+    n_nodes=st.integers(4, 60),
+    n_streams=st.integers(1, 4),
+    seed=st.integers(0, 10_000),
+    style=st.sampled_from(["annotate", "fork_join", "mixed"]),
+    inplace=st.sampled_from([0.0, 0.1]),
+    run_length=st.sampled_from([1, 4]),
+    views=st.sampled_from([0.0, 0.2]),
+    multi_output=st.sampled_from([0.0, 0.15]),
+)
+
+
+@SETTINGS
+@given(gm=graphs, keep=st.sampled_from([0.0, 0.3]), seed=st.integers(0, 1000), max_streams=st.integers(1, 4))
+def test_applied_assignment_is_race_free_equal_and_keeps_fixed_streams(gm, keep, seed, max_streams):
+    kept = _strip(gm, keep, seed)
+    before = sp.read_streams(gm)
+    region = {n.name: s for n, s in before.stream.items() if before.is_compute(n) and s and n.name not in kept}
+    original = copy.deepcopy(gm)
+    inputs = random_inputs(gm, seed=seed)
+    expected = run_serial(original, *[x.clone() for x in inputs])
+
+    choice = sp.assign_streams(gm, BIG, max_streams=max_streams)
+    assert [n.meta.get("custom") for n in gm.graph.nodes] == [n.meta.get("custom") for n in original.graph.nodes]
+    assert set(choice.streams) == {n.name for n in before.nodes if before.is_compute(n)}
+    for name, s in {**kept, **region}.items():
+        if name in choice.streams:
+            assert choice.streams[name] == s, name
+    assert len({s for k, s in choice.streams.items() if k in choice.free}) <= max_streams
+    assert choice.makespan <= choice.single_stream
+    assert choice.schedule.ok
+
+    choice.apply(gm)
+    result = sp.run(gm)
+    assert result.ok, result.after
+    assert sp.verify(gm).ok
+    got = gm(*[x.clone() for x in inputs])
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    # The prediction is the graph run actually produced.
+    assert sp.simulate(gm, BIG, cpu_launch=True).makespan == pytest.approx(choice.makespan)
+
+
+def _branches(n: int, size: int, device: str = "meta"):
+    def f(x, *ws):
+        return sum((x @ w).relu() for w in ws)
+
+    x = torch.empty(size, size, device=device)
+    return make_fx(f)(x, *[torch.empty(size, size, device=device) for _ in range(n)])
+
+
+def test_big_independent_matmuls_get_several_streams_and_tiny_ones_one():
+    big = sp.assign_streams(_branches(4, 4096), "h100")
+    assert len(big.used) > 1 and big.makespan < big.single_stream
+    tiny = sp.assign_streams(_branches(4, 8), "h100")
+    assert tiny.used == [0] and tiny.candidate == "one stream"
+    assert "do not pay" in tiny.explain()
+    assert tiny.waits == 0 and tiny.makespan == tiny.single_stream
+
+
+def test_max_streams_one_is_one_stream():
+    choice = sp.assign_streams(_branches(4, 4096), "h100", max_streams=1)
+    assert choice.used == [0] and choice.waits == 0
+
+
+def test_a_single_chain_stays_on_one_stream():
+    def f(x, w):
+        for _ in range(6):
+            x = (x @ w).tanh()
+        return x
+
+    m = torch.empty(4096, 4096, device="meta")
+    choice = sp.assign_streams(make_fx(f)(m, m), "h100")
+    assert choice.used == [0] and choice.waits == 0
+
+
+def test_user_annotations_are_fixed_and_explained():
+    def f(x, a, b, c):
+        with sp.stream(2):
+            y = (x @ a).relu()
+        return y + (x @ b).relu() + (x @ c).relu()
+
+    m = torch.empty(4096, 4096, device="meta")
+    gm = make_fx(f)(m, m, m, m)
+    choice = sp.assign_streams(gm, "h100", max_streams=3)
+    assert choice.streams["mm"] == 2 and choice.streams["relu"] == 2
+    assert "mm" not in choice.free
+    assert "fixed by user annotation" in choice.reasons["mm"]
+    assert 2 not in {s for k, s in choice.streams.items() if k in choice.free}  # new streams are fresh
+    assert choice.makespan < choice.single_stream
+    choice.apply(gm)
+    assert sp.run(gm).ok
+
+
+def test_apply_refuses_a_graph_annotated_otherwise_and_edits_nothing():
+    gm = _branches(3, 4096)
+    choice = sp.assign_streams(gm, "h100")
+    side = [k for k, s in choice.streams.items() if s != 0]
+    assert side
+    target = next(n for n in gm.graph.nodes if n.name == side[-1])
+    target.meta["custom"] = {"stream": 7}
+    before = [dict(n.meta.get("custom") or {}) for n in gm.graph.nodes]
+    with pytest.raises(sp.StreamPassError, match="already annotated"):
+        choice.apply(gm)
+    assert [dict(n.meta.get("custom") or {}) for n in gm.graph.nodes] == before
+
+
+def test_memory_budget_is_respected():
+    gm = _branches(4, 4096)
+    free = sp.assign_streams(gm, "h100")
+    one = next(e for e in free.candidates if e.name == "one stream")
+    assert free.peak_bytes >= one.peak_bytes > 0
+    tight = sp.assign_streams(gm, "h100", memory_budget=one.peak_bytes)
+    assert tight.peak_bytes <= one.peak_bytes
+    assert tight.makespan <= tight.single_stream
+
+
+def test_explanation_names_candidates_and_streams():
+    choice = sp.assign_streams(_branches(4, 4096), "h100")
+    text = choice.explanation
+    assert "nimble" in text and "stream 0:" in text and repr(choice).startswith("<StreamChoice")
