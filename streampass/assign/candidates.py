@@ -64,13 +64,13 @@ def chains(w: WorkGraph) -> list[list[Node]]:
     (2, ['add', 'cos', 'exp', 'sin'])
     """
     r = w.reduction()
-    b = nx.Graph()
-    left = [("out", u) for u in w.nodes]
-    b.add_nodes_from(left)
-    b.add_nodes_from(("in", v) for v in w.nodes)
-    b.add_edges_from((("out", u), ("in", v)) for u, v in r.edges)
-    match = nx.bipartite.hopcroft_karp_matching(b, top_nodes=left)
-    nxt = {u: match[("out", u)][1] for u in w.nodes if ("out", u) in match}
+    index = {n: i for i, n in enumerate(w.nodes)}
+    size = len(w.nodes)
+    b = nx.Graph()  # ints only, so that the matching (and the benchmark) is the same every run
+    b.add_nodes_from(range(2 * size))
+    b.add_edges_from(sorted((index[u], size + index[v]) for u, v in r.edges))
+    match = nx.bipartite.hopcroft_karp_matching(b, top_nodes=range(size))
+    nxt = {u: w.nodes[match[index[u]] - size] for u in w.nodes if index[u] in match}
     has_prev = set(nxt.values())
     out = []
     for n in w.nodes:
