@@ -1,0 +1,209 @@
+"""Automatic stream assignment against its baselines, on the simulator (docs/assign.md).
+
+For each graph (traced with make_fx on meta tensors, so the cost model sees real shapes, and
+with no stream annotation): one stream, Nimble's chain cover, round robin over branches, and the
+critical path on the ambient stream with the rest round robin, each annotated on a copy, made
+race-free by ``streampass.run`` and simulated (H100 profile, ``cpu_launch=True``), then
+``streampass.assign_streams``. Prints a table and writes benchmarks/results/assign.json.
+
+    python benchmarks/assign.py [--max-streams 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_models
+
+import streampass as sp
+from streampass.assign import candidates as cand
+from streampass.assign.dag import work_graph
+from streampass.assign.evaluate import evaluate
+from streampass.sim.cost import CostModel
+from streampass.transform.assign_apply import annotated_copy
+
+BF16 = torch.bfloat16
+
+
+def meta(*shape):
+    return torch.empty(*shape, device="meta", dtype=BF16)
+
+
+def strip(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Drop every stream annotation (the hand-annotated blocks of bench_models become unassigned)."""
+    for n in gm.graph.nodes:
+        custom = n.meta.get("custom")
+        if isinstance(custom, dict) and "stream" in custom:
+            n.meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
+    return gm
+
+
+def inception(batch: int = 32):
+    def conv(x, w, pad=0):
+        return F.relu(F.conv2d(x, w, padding=pad))
+
+    def f(x, w1, w3a, w3, w5a, w5, wp):
+        b1 = conv(x, w1)
+        b3 = conv(conv(x, w3a), w3, 1)
+        b5 = conv(conv(x, w5a), w5, 2)
+        bp = conv(F.max_pool2d(x, 3, 1, 1), wp)
+        return torch.cat([b1, b3, b5, bp], 1)
+
+    c = 256
+    ws = [meta(64, c, 1, 1), meta(96, c, 1, 1), meta(128, 96, 3, 3), meta(16, c, 1, 1), meta(32, 16, 5, 5)]
+    return make_fx(f)(meta(batch, c, 28, 28), *ws, meta(32, c, 1, 1))
+
+
+def moe(experts: int = 8, tokens: int = 8192, d: int = 1024, hidden: int = 4096):
+    def f(x, router, *ws):
+        probs = torch.softmax(x @ router, -1)  # [tokens, experts]
+        chunks = x.view(experts, tokens // experts, d)  # tokens already dispatched, fixed capacity
+        outs = []
+        for i in range(experts):
+            h = F.gelu(chunks[i] @ ws[2 * i]) @ ws[2 * i + 1]
+            outs.append(h * probs.view(experts, tokens // experts, experts)[i, :, i : i + 1])
+        return torch.stack(outs).view(tokens, d)
+
+    ws = [w for _ in range(experts) for w in (meta(d, hidden), meta(hidden, d))]
+    return make_fx(f)(meta(tokens, d), meta(d, experts), *ws)
+
+
+def towers(n: int = 4, batch: int = 4096, dim: int = 128, rows: int = 100_000):
+    def f(*args):
+        ids, tables, mlps, head = args[:n], args[n : 2 * n], args[2 * n : 4 * n], args[-1]
+        feats = []
+        for i in range(n):
+            e = F.embedding(ids[i], tables[i]).sum(1)  # [batch, dim], a bag of 20 ids
+            feats.append(F.relu(F.relu(e @ mlps[2 * i]) @ mlps[2 * i + 1]))
+        return torch.cat(feats, 1) @ head
+
+    ids = [torch.empty(batch, 20, dtype=torch.long, device="meta") for _ in range(n)]
+    tables = [meta(rows, dim) for _ in range(n)]
+    mlps = [w for _ in range(n) for w in (meta(dim, 1024), meta(1024, 256))]
+    return make_fx(f)(*ids, *tables, *mlps, meta(256 * n, 1))
+
+
+def mlp_backward(layers: int = 4, batch: int = 8192, d: int = 2048):
+    def f(x, *ws):
+        h = x
+        for w in ws:
+            h = F.gelu(h @ w)
+        return torch.autograd.grad(h.sum(), [x, *ws])
+
+    ws = [meta(d, d).requires_grad_() for _ in range(layers)]
+    return make_fx(f)(meta(batch, d).requires_grad_(), *ws)
+
+
+def transformer():
+    m, x = bench_models.model_inputs("transformer")
+    return strip(make_fx(m)(x))
+
+
+def resnet_fw_bw():
+    m, x = bench_models.model_inputs("resnet")
+    params = dict(m.named_parameters())
+    names = list(params)
+
+    def f(x, *ps):
+        out = torch.func.functional_call(m, dict(zip(names, ps)), (x,))
+        return torch.autograd.grad(out.sum(), [x, *ps])
+
+    return strip(make_fx(f)(x.requires_grad_(), *[p.detach().requires_grad_() for p in params.values()]))
+
+
+GRAPHS = {
+    "inception (4 branches)": inception,
+    "inception, batch 256": lambda: inception(256),
+    "MoE (8 experts)": moe,
+    "embedding towers (4)": towers,
+    "MLP backward (4 layers)": mlp_backward,
+    "transformer block": transformer,
+    "ResNet bottleneck fw+bw": resnet_fw_bw,
+}
+BASELINES = {
+    "one stream": lambda w, slots: cand.one_stream(w),
+    "nimble": cand.chain_cover,
+    "round robin": cand.round_robin,
+    "critical path + rr": cand.critical_round_robin,
+}
+
+
+def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: int) -> dict:
+    a = sp.read_streams(gm)
+    w = work_graph(a, model)
+    slots = cand.stream_slots(a, max_streams)
+    free = {n.name for n in w.free}
+    rows = {}
+    for label, make in BASELINES.items():
+        streams, _ = make(w, slots)
+        e = evaluate(gm, label, {n.name: s for n, s in streams.items()}, free, model)
+        assert e.ok, (name, label)
+        rows[label] = dict(makespan_us=e.makespan * 1e6, waits=e.waits, peak_mib=e.peak_bytes / 2**20, streams=e.used)
+    choice = sp.assign_streams(gm, model, max_streams=max_streams)
+    applied = annotated_copy(gm, {})
+    choice.apply(applied)
+    t0 = time.perf_counter()
+    result = sp.run(applied, bind_runtime=False)
+    run_s = time.perf_counter() - t0
+    assert result.ok and result.waits_added == choice.waits, name
+    rows["assign_streams"] = dict(
+        makespan_us=choice.makespan * 1e6,
+        waits=choice.waits,
+        peak_mib=choice.peak_bytes / 2**20,
+        streams=choice.used,
+        candidate=choice.candidate,
+    )
+    best = min(r["makespan_us"] for k, r in rows.items() if k != "assign_streams")
+    return dict(
+        graph=name,
+        compute_nodes=len(w.nodes),
+        critical_path_us=choice.schedule.critical_path_time * 1e6,
+        rows=rows,
+        assign_s=choice.seconds,
+        run_s=run_s,
+        candidates=len(choice.candidates),
+        meets_best_baseline=choice.makespan * 1e6 <= best * (1 + 1e-9),
+        never_slower_than_one=choice.makespan <= choice.single_stream,
+        waits_le_nimble=choice.waits <= rows["nimble"]["waits"],
+    )
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-streams", type=int, default=4)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "assign.json"))
+    args = ap.parse_args(argv)
+    model = CostModel("h100")
+    results = []
+    for name, build in GRAPHS.items():
+        results.append(measure(name, build(), model, args.max_streams))
+    labels = [*BASELINES, "assign_streams"]
+    print(f"{'graph':26} {'nodes':>5} {'CP us':>8} " + " ".join(f"{k[:18]:>22}" for k in labels) + "  assign/run s")
+    for r in results:
+        cells = " ".join(
+            f"{r['rows'][k]['makespan_us']:9.1f}us {r['rows'][k]['waits']:3d}w {r['rows'][k]['peak_mib']:5.0f}M"
+            for k in labels
+        )
+        print(
+            f"{r['graph']:26} {r['compute_nodes']:5d} {r['critical_path_us']:8.1f} {cells}  {r['assign_s']:.2f}/{r['run_s']:.3f}"
+        )
+        print(
+            f"{'':41}winner: {r['rows']['assign_streams']['candidate']}, streams {r['rows']['assign_streams']['streams']}"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    meta_info = dict(profile="h100", cpu_launch=True, max_streams=args.max_streams, torch=torch.__version__)
+    Path(args.out).write_text(json.dumps(dict(meta=meta_info, results=results), indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
