@@ -16,7 +16,7 @@ from streampass.runtime import run_serial
 from streampass.sim.cost import CostModel
 from streampass.synthetic import random_inputs, random_stream_graph
 
-SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _aten_100us(node: torch.fx.Node) -> float | None:
@@ -46,7 +46,7 @@ def _strip(gm: torch.fx.GraphModule, keep: float, seed: int) -> dict[str, int]:
 
 graphs = st.builds(
     random_stream_graph,
-    n_nodes=st.integers(4, 60),
+    n_nodes=st.integers(4, 100),
     n_streams=st.integers(1, 4),
     seed=st.integers(0, 10_000),
     style=st.sampled_from(["annotate", "fork_join", "mixed"]),
