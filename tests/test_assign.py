@@ -166,3 +166,23 @@ def test_explanation_names_candidates_and_streams():
     choice = sp.assign_streams(_branches(4, 4096), "h100")
     text = choice.explanation
     assert "nimble" in text and "stream 0:" in text and repr(choice).startswith("<StreamChoice")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_graph_already_run_keeps_its_syncs_and_streams(seed):
+    """Existing stream ops and the annotations run wrote are fixed; the new choice runs on top."""
+    gm = random_stream_graph(60, 3, seed=seed, style="mixed")
+    inputs = random_inputs(gm, seed=seed)
+    expected = run_serial(copy.deepcopy(gm), *[x.clone() for x in inputs])
+    sp.run(gm)
+    before = sp.read_streams(gm)
+    fixed = {n.name: s for n, s in before.stream.items() if before.is_compute(n) and s}
+    syncs = len(before.syncs)
+    choice = sp.assign_streams(gm, BIG)
+    assert all(choice.streams[k] == s for k, s in fixed.items())
+    choice.apply(gm)
+    assert sp.run(gm).ok and sp.verify(gm).ok
+    assert len(sp.read_streams(gm).syncs) >= syncs
+    assert choice.makespan <= choice.single_stream
+    for a, b in zip(gm(*[x.clone() for x in inputs]), expected):
+        torch.testing.assert_close(a, b)
