@@ -46,7 +46,9 @@ import torch.fx
 
 from streampass import compat, ops, values
 from streampass.analysis.reading import read_streams
+from streampass.assign.in_compile import cost_key, note, summary
 from streampass.compat import PassBase, PassChain, aot_guard_on, cpu_safe_aot, post_grad_config
+from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import dynamo_indices, snapshot
@@ -101,6 +103,9 @@ class GraphReport:
     #: "dynamo" (the same; 0 is the ambient stream), "dynamo+1" (dynamo's index i is stream i + 1,
     #: since dynamo gave index 0 to a user object) or "unknown"
     indices: str = "dynamo"
+    #: with ``StreamPass(assign="auto")``: the candidate chosen, its side streams and the
+    #: predicted makespan against one stream (:func:`streampass.assign_streams`)
+    assigned: dict | None = None
 
     def to_json(self) -> dict:
         """The report's fields as a JSON-able dict (without the run result and the kept graph)."""
@@ -116,6 +121,7 @@ class GraphReport:
             f"and {self.waits_added} wait(s), hazards {before} before -> {after} after"
             + ("" if before == 0 else f" {_nonzero(self.hazards_before)}")
             + ("" if self.indices == "dynamo" else f"; stream indices: {_INDEX_NOTES[self.indices]}")
+            + ("" if self.assigned is None else note(self.assigned))
         )
 
 
@@ -139,6 +145,12 @@ class StreamPass(PassBase):
     Args:
         keep_graphs: keep, in each :class:`GraphReport`, a copy of the graph as
             :func:`streampass.run` left it (before the device lowering); for tests.
+        assign: ``"auto"``: choose the streams of the nodes the program left unplaced with
+            :func:`streampass.assign_streams` before planning (the user's own streams and
+            syncs stay as they are); None (default): only the program's streams.
+        assign_cost: the cost model ``assign`` prices candidates with (a profile name, a
+            ``DeviceProfile`` or a ``CostModel``); ``max_streams``: at most this many streams
+            for the nodes it places, the ambient one included.
 
     Usage: ``with streampass.inductor.enabled(): torch.compile(fn)(x)`` (see docs/inductor.md).
 
@@ -149,15 +161,20 @@ class StreamPass(PassBase):
     (True, True, True)
     """
 
-    def __init__(self, keep_graphs: bool = False):
+    def __init__(self, keep_graphs: bool = False, assign: str | None = None, assign_cost="h100", max_streams: int = 4):
+        if assign not in (None, "auto"):
+            raise StreamPassError(f'StreamPass(assign=...) takes "auto" or None, not {assign!r}')
         self.keep_graphs = keep_graphs
+        self.assign, self.assign_cost, self.max_streams = assign, assign_cost, max_streams
         self.reports: list[GraphReport] = []
 
     def uuid(self) -> bytes:
-        """sha256 of streampass's version and the source of the modules the pass runs."""
+        """sha256 of streampass's version, the options that change what it compiles, and the
+        source of the modules the pass runs."""
         from streampass import __version__
 
-        return _hash_files(_source_files(), f"streampass-{__version__}")
+        options = "" if self.assign is None else f"assign={self.assign},{cost_key(self.assign_cost)},{self.max_streams}"
+        return _hash_files(_source_files(), f"streampass-{__version__};{options}")
 
     def __call__(self, graph: torch.fx.Graph, is_inference: bool | None = None) -> None:
         if ops.is_sync_subgraph(graph):
@@ -176,6 +193,7 @@ class StreamPass(PassBase):
 
     def _rewrite(self, gm, kind: str, device: torch.device, offset: int, indices: str) -> GraphReport:
         dynamo_indices.shift_indices(gm, offset)
+        choice = self._assign(gm) if self.assign is not None else None
         # One reading, before the pass: run reuses it, and its region check hands the lowering
         # the edit's kept reading of the result (docs/benchmarks.md, "One reading per compile").
         a = read_streams(gm)
@@ -186,7 +204,7 @@ class StreamPass(PassBase):
             lowered = not _gpu(device) and lower_for_cpu(gm, a)
             return GraphReport(
                 kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",
-                indices=indices,
+                indices=indices, assigned=summary(choice),
             )  # fmt: skip
         result = run(gm, bind_runtime=False, recompile=False, assignment=a)  # the lowering recompiles
         kept = _copy(gm) if self.keep_graphs else None
@@ -199,8 +217,13 @@ class StreamPass(PassBase):
         return GraphReport(
             kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
             _nonzero(result.before.by_kind()), _nonzero(result.after.by_kind()), result.changed or offset != 0,
-            lowering, result, kept, indices,
+            lowering, result, kept, indices, summary(choice),
         )  # fmt: skip
+
+    def _assign(self, gm: torch.fx.GraphModule):
+        from streampass.assign.in_compile import assign_in_place
+
+        return assign_in_place(gm, self.assign_cost, self.max_streams)
 
     def __deepcopy__(self, memo: dict) -> StreamPass:
         # torch deep-copies inductor's config (which holds the pass) on every torch.compile
@@ -209,7 +232,7 @@ class StreamPass(PassBase):
         return self
 
     def __repr__(self) -> str:
-        return "StreamPass()"
+        return "StreamPass()" if self.assign is None else f"StreamPass(assign={self.assign!r})"
 
 
 def _gpu(device: torch.device) -> bool:
@@ -252,8 +275,18 @@ def with_streampass(current: Any, pass_: StreamPass | None = None) -> list:
     return [*passes, pass_ if pass_ is not None else StreamPass()]
 
 
-def enable(pass_: StreamPass | None = None) -> StreamPass:
+def _the_pass(pass_: StreamPass | None, assign: str | None) -> StreamPass | None:
+    if assign is None:
+        return pass_
+    if pass_ is not None:
+        raise StreamPassError("give either a StreamPass or assign=..., not both (StreamPass(assign=...) takes it)")
+    return StreamPass(assign=assign)
+
+
+def enable(pass_: StreamPass | None = None, *, assign: str | None = None) -> StreamPass:
     """Install StreamPass for the rest of the process (next to any post-grad pass already set).
+    ``assign="auto"``: streampass also chooses streams for the nodes the program left on the
+    ambient stream (``StreamPass(assign="auto")``).
 
     Also installs the CPU guard for torch's AOT stream passes (:func:`cpu_safe_aot_stream_passes`)
     and the object-table fallback. Returns the installed pass.
@@ -271,7 +304,7 @@ def enable(pass_: StreamPass | None = None) -> StreamPass:
     """
     from torch._inductor import config
 
-    passes = with_streampass(config.post_grad_custom_post_pass, pass_)
+    passes = with_streampass(config.post_grad_custom_post_pass, _the_pass(pass_, assign))
     config.post_grad_custom_post_pass = post_grad_config(passes)
     aot_guard_on()
     install_object_fallback()
@@ -279,8 +312,9 @@ def enable(pass_: StreamPass | None = None) -> StreamPass:
 
 
 @contextlib.contextmanager
-def enabled(pass_: StreamPass | None = None) -> Iterator[StreamPass]:
+def enabled(pass_: StreamPass | None = None, *, assign: str | None = None) -> Iterator[StreamPass]:
     """StreamPass and the AOT CPU guard for the duration of the block; yields the pass.
+    ``assign="auto"`` as for :func:`enable`.
 
     The compile happens at the first call of a compiled function, so call it (the first
     forward of a training step included) inside the block.
@@ -295,7 +329,7 @@ def enabled(pass_: StreamPass | None = None) -> Iterator[StreamPass]:
     """
     from torch._inductor import config
 
-    passes = with_streampass(config.post_grad_custom_post_pass, pass_)
+    passes = with_streampass(config.post_grad_custom_post_pass, _the_pass(pass_, assign))
     install_object_fallback()
     with (
         config.patch(post_grad_custom_post_pass=post_grad_config(passes)),

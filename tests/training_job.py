@@ -9,6 +9,9 @@ the compiled code ran, and what StreamPass reported.
 * ``enabled``: the first forward inside ``with streampass.inductor.enabled()``; every
   ``backward()`` and optimizer step after the block, and the later steps outside it.
 * ``enable``: ``streampass.inductor.enable()`` once, then plain training.
+* ``auto``: as ``enabled``, with ``StreamPass(assign="auto")``: streampass also places the
+  nodes the model left on the ambient stream (every aten kernel priced at 100 us, so that
+  side streams pay on this small model).
 * ``eager``: the same loop without ``torch.compile`` (the reference).
 """
 
@@ -21,6 +24,12 @@ import torch
 
 import streampass as sp
 import streampass.inductor as spi
+from streampass.sim.cost import CostModel
+
+
+def aten_100us(node: torch.fx.Node) -> float | None:
+    target = node.target
+    return 1e-4 if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten" else None
 
 
 class TwoBranch(torch.nn.Module):
@@ -48,13 +57,16 @@ def main(mode: str) -> dict:
     xs = [torch.randn(8, 16) for _ in range(3)]
     step = model if mode == "eager" else torch.compile(model)
     syncs0 = sum(spi.RUNTIME_SYNCS.values())
-    p = spi.StreamPass(keep_graphs=True)
+    if mode == "auto":
+        p = spi.StreamPass(keep_graphs=True, assign="auto", assign_cost=CostModel("h100", overrides=aten_100us))
+    else:
+        p = spi.StreamPass(keep_graphs=True)
     losses = []
     if mode == "enable":
         spi.enable(p)
     for i, x in enumerate(xs):
         opt.zero_grad()
-        if mode == "enabled" and i == 0:
+        if mode in ("enabled", "auto") and i == 0:
             with spi.enabled(p):
                 loss = step(x)
         else:
@@ -74,7 +86,14 @@ def main(mode: str) -> dict:
         "aot_miss": counters["aot_autograd"]["autograd_cache_miss"],
         "syncs": sum(spi.RUNTIME_SYNCS.values()) - syncs0,
         "reports": [
-            [r.graph, r.records_added, r.waits_added, r.verified_graph is not None and sp.verify(r.verified_graph).ok]
+            [
+                r.graph,
+                r.records_added,
+                r.waits_added,
+                r.verified_graph is not None and sp.verify(r.verified_graph).ok,
+                r.assigned,
+                r.streams,
+            ]
             for r in p.reports
         ],
     }

@@ -10,30 +10,38 @@ benchmarks/assign.py are the plain ones (:func:`chain_cover`, :func:`round_robin
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
+
 import networkx as nx
 import torch.fx
 
 from streampass.analysis.reading import StreamAssignment
 from streampass.assign.dag import WorkGraph
-from streampass.ops import AMBIENT
+from streampass.ops import AMBIENT, check_stream_index
 
 Node = torch.fx.Node
 Candidate = tuple[dict[Node, int], dict[Node, str]]
 
 
-def stream_slots(a: StreamAssignment, max_streams: int) -> list[int]:
-    """The ambient stream and ``max_streams - 1`` side streams no node or event of the graph uses.
+def stream_slots(a: StreamAssignment, max_streams: int, side_streams: Iterable[int] | None = None) -> list[int]:
+    """The ambient stream and ``max_streams - 1`` side streams no node or event of the graph uses,
+    taken from ``side_streams`` in order if given (a compiler that knows which indices are free
+    at run time), else the smallest free indices.
 
     >>> import torch, streampass as sp
-    >>> stream_slots(sp.read_streams(torch.fx.symbolic_trace(lambda x: x + 1)), 3)
-    [0, 1, 2]
+    >>> a = sp.read_streams(torch.fx.symbolic_trace(lambda x: x + 1))
+    >>> stream_slots(a, 3), stream_slots(a, 3, side_streams=[7, 8, 9])
+    ([0, 1, 2], [0, 7, 8])
     """
     used = set(a.streams) | a.events()
-    out, k = [AMBIENT], 1
-    while len(out) < max(1, max_streams):
+    out = [AMBIENT]
+    pool = side_streams if side_streams is not None else itertools.count(1)
+    for k in pool:
+        if len(out) >= max(1, max_streams):
+            break
         if k not in used:
-            out.append(k)
-        k += 1
+            out.append(check_stream_index(k))
     return out
 
 

@@ -8,6 +8,7 @@ strictly faster. Never edits the user's graph; :meth:`StreamChoice.apply` writes
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch.fx
@@ -157,6 +158,7 @@ def assign_streams(
     *,
     cpu_launch: bool = True,
     external_events=(),
+    side_streams: Iterable[int] | None = None,
 ) -> StreamChoice:
     """Choose a stream for every compute node of ``gm``; ``gm`` is not edited.
 
@@ -169,6 +171,8 @@ def assign_streams(
     tiny kernels do not pay for a side stream). The fastest wins (ties: fewer waits, then less
     memory), but only if strictly faster than one stream; candidates whose estimated peak
     memory exceeds ``memory_budget`` bytes are left out.
+    ``side_streams``: the indices side streams may take, in order of preference (default: the
+    smallest the graph does not use); a compiler passes indices it knows are free at run time.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -192,7 +196,7 @@ def assign_streams(
     events = tuple(external_events) or tuple((gm.meta.get("streampass") or {}).get("external_events", ()))
     a = read_streams(gm, events)
     w = work_graph(a, model)
-    slots = cand.stream_slots(a, max_streams)
+    slots = cand.stream_slots(a, max_streams, side_streams)
     free = frozenset(n.name for n in w.free)
     tried: dict[tuple, Evaluation] = {}
 

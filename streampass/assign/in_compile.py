@@ -1,0 +1,52 @@
+"""``assign="auto"`` inside ``torch.compile`` (:class:`streampass.inductor.StreamPass`): which
+stream indices it may create, the cost model in the cache key, and the report's summary."""
+
+from __future__ import annotations
+
+import torch.fx
+
+from streampass.assign.choose import StreamChoice, assign_streams
+from streampass.transform.plan import EVENT_BASE
+
+#: Side streams ``assign="auto"`` creates take indices from here up: far above dynamo's object
+#: table (the user's streams and events), below the events streampass allocates (EVENT_BASE).
+AUTO_STREAMS = EVENT_BASE // 2
+
+
+def cost_key(cost) -> str:
+    """The cost model as it enters the cache key: a profile by its fields; a ``CostModel`` with
+    overrides by the overrides' name (a dict by its items)."""
+    from streampass.sim.cost import CostModel
+
+    if not isinstance(cost, CostModel):
+        return repr(cost)
+    over = cost.overrides
+    named = getattr(over, "__qualname__", None) if callable(over) else sorted(over.items()) if over else None
+    return f"{cost.profile!r}/{named}"
+
+
+def note(a: dict) -> str:
+    return (
+        f"; assign=auto chose {a['candidate']!r}: {a['side_streams']} side stream(s), predicted "
+        f"{a['predicted_us']} us against {a['one_stream_us']} us on one stream"
+    )
+
+
+def summary(choice: StreamChoice | None) -> dict | None:
+    """What ``assign="auto"`` chose for a graph, for the report (None: not asked)."""
+    if choice is None:
+        return None
+    return {
+        "candidate": choice.candidate,
+        "side_streams": len(choice.used) - 1,
+        "predicted_us": round(choice.makespan * 1e6, 1),
+        "one_stream_us": round(choice.single_stream * 1e6, 1),
+    }
+
+
+def assign_in_place(gm: torch.fx.GraphModule, cost, max_streams: int) -> StreamChoice:
+    """Choose streams for ``gm``'s unplaced nodes (side streams from :data:`AUTO_STREAMS` up)
+    and write them as annotations; the pass then plans the syncs as for a user's own streams."""
+    choice = assign_streams(gm, cost, max_streams=max_streams, side_streams=range(AUTO_STREAMS, EVENT_BASE))
+    choice.apply(gm)
+    return choice

@@ -1,0 +1,133 @@
+"""``assign="auto"`` under torch.compile as users run it: inference and training (backward after
+the block), torch's caches on in a fresh directory (``fresh_caches``), cold and warm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_compile_use import _job
+
+import streampass as sp
+import streampass.inductor as spi
+from streampass.assign.in_compile import AUTO_STREAMS
+from streampass.errors import StreamPassError
+from streampass.sim.cost import CostModel
+
+from training_job import aten_100us
+
+pytestmark = pytest.mark.usefixtures("fresh_caches")
+
+#: every aten kernel 100 us: side streams pay on test-sized models
+BIG = CostModel("h100", overrides=aten_100us)
+
+
+class Towers(torch.nn.Module):
+    """Three independent towers joined at the end: nothing on a side stream until assigned."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.towers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width))
+            for _ in range(3)
+        )
+
+    def forward(self, x):
+        a, b, c = (t(x) for t in self.towers)
+        return (a * b + c).sum(-1)
+
+
+def _compile(model, x, pass_, training):
+    before = sum(spi.RUNTIME_SYNCS.values())
+    with spi.enabled(pass_), torch.set_grad_enabled(training):
+        got = torch.compile(model)(x)
+    if training:
+        got.sum().backward()  # after the block, as a training loop does
+    return got, sum(spi.RUNTIME_SYNCS.values()) - before
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_auto_streams_compile_equal_eager_and_are_verified(training):
+    torch.manual_seed(0)
+    model, x = Towers(), torch.randn(8, 32)
+    with torch.set_grad_enabled(training):
+        want = model(x)
+    if training:
+        want.sum().backward()
+        want_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+    p = spi.StreamPass(keep_graphs=True, assign="auto", assign_cost=BIG)
+    got, ran = _compile(model, x, p, training)
+    torch.testing.assert_close(got, want)
+    if training:
+        for g, w in zip((q.grad for q in model.parameters()), want_grads):
+            torch.testing.assert_close(g, w)
+    assert [r.graph for r in p.reports] == (["forward", "backward"] if training else ["inference"])
+    for r in p.reports:
+        assert r.assigned["side_streams"] >= 1, r.line()
+        assert r.assigned["predicted_us"] < r.assigned["one_stream_us"]
+        assert len(r.streams) == r.assigned["side_streams"] + 1
+        assert all(s == 0 or s >= AUTO_STREAMS for s in r.streams)  # clear of dynamo's table
+        assert sp.verify(r.verified_graph).ok and r.waits_added > 0
+    assert ran > 0  # the planned syncs ran (CPU: as counted no-ops)
+
+
+def test_auto_keeps_the_programs_own_streams():
+    def f(x, w):
+        with sp.stream(1):
+            a = (x @ w).relu()
+        b = (x @ w.t()).sigmoid()
+        c = (x * 2) @ w
+        return a + b + c
+
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    p = spi.StreamPass(keep_graphs=True, assign="auto", assign_cost=BIG)
+    with spi.enabled(p):
+        got = torch.compile(f)(x, w)
+    torch.testing.assert_close(got, f(x, w))
+    (r,) = p.reports
+    kept = sp.read_streams(r.verified_graph)
+    mine = [n for n in kept.nodes if n.meta.get("custom", {}).get("stream") == 1 and kept.is_compute(n)]
+    assert {n.target for n in mine} >= {torch.ops.aten.mm.default, torch.ops.aten.relu.default}
+    assert 1 in r.streams and r.assigned["side_streams"] >= 1
+
+
+def test_auto_leaves_small_kernels_on_one_stream():
+    """With the real H100 costs, 8x8 matmuls do not pay for a sync: nothing moves."""
+    model, x = Towers(width=8), torch.randn(4, 8)
+    p = spi.StreamPass(keep_graphs=True, assign="auto")
+    got, _ = _compile(model, x, p, training=False)
+    torch.testing.assert_close(got, model(x))
+    (r,) = p.reports
+    assert r.assigned["side_streams"] == 0 and r.streams == [0] and r.waits_added == 0
+
+
+def test_the_options_are_in_the_cache_key():
+    plain, auto = spi.StreamPass(), spi.StreamPass(assign="auto")
+    assert plain.uuid() != auto.uuid() == spi.StreamPass(assign="auto").uuid()
+    assert auto.uuid() != spi.StreamPass(assign="auto", assign_cost=BIG).uuid()
+    assert auto.uuid() != spi.StreamPass(assign="auto", max_streams=2).uuid()
+    assert (
+        spi.StreamPass(assign="auto", assign_cost=BIG).uuid() == spi.StreamPass(assign="auto", assign_cost=BIG).uuid()
+    )
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(StreamPassError, match="auto"):
+        spi.StreamPass(assign="yes")
+    with pytest.raises(StreamPassError, match="not both"):
+        with spi.enabled(spi.StreamPass(), assign="auto"):
+            pass
+
+
+@pytest.mark.slow
+def test_auto_training_loop_cold_then_warm(tmp_path):
+    cache = str(tmp_path / "cache")
+    eager = _job("eager", cache)
+    cold = _job("auto", cache)
+    warm = _job("auto", cache)
+    for run in (cold, warm):
+        assert run["losses"] == pytest.approx(eager["losses"], rel=1e-5)
+        assert run["checksum"] == pytest.approx(eager["checksum"], rel=1e-5)
+    assert [r[0] for r in cold["reports"]] == ["forward", "backward"] and all(r[3] for r in cold["reports"])
+    assert all(r[4]["side_streams"] >= 1 and {1, 2} <= set(r[5]) for r in cold["reports"])  # the model's own kept
+    assert warm["aot_hit"] == 1 and warm["reports"] == [] and warm["syncs"] == cold["syncs"] > 0
