@@ -13,7 +13,7 @@ import sys
 DESCRIPTION = (
     "Multi-stream correctness for PyTorch graphs: read which stream each node runs on, find the races, "
     "insert the fewest record/wait syncs, verify the result. "
-    "demo runs it on an embedded model; inspect on yours."
+    "demo runs it on an embedded model; inspect on yours; assign chooses the streams for you."
 )
 
 
@@ -37,7 +37,21 @@ def parser() -> argparse.ArgumentParser:
     insp.add_argument(
         "--html", default="streampass-inspect.html", metavar="PATH", help="write the HTML report here ('' for none)"
     )
-    for cmd in (demo, insp):
+    asg = sub.add_parser(
+        "assign", help="choose streams for a module:function automatically, against one stream; write HTML"
+    )
+    asg.add_argument("target", metavar="TARGET", help="a .pt2 file, module:function or module:ModuleClass")
+    asg.add_argument("--shapes", help="example input shapes for module:function, e.g. 8x16,16x4")
+    asg.add_argument("--dtype", default="float32", help="dtype of the example inputs (default float32)")
+    asg.add_argument(
+        "--meta", action="store_true", help="trace on the meta device: real model sizes without the memory or time"
+    )
+    asg.add_argument("--cost", default="h100", help="device profile to price with: h100, h200, a100, cpu")
+    asg.add_argument("--max-streams", type=int, default=4, help="at most this many streams, ambient included")
+    asg.add_argument(
+        "--html", default="streampass-assign.html", metavar="PATH", help="write the HTML report here ('' for none)"
+    )
+    for cmd in (demo, insp, asg):
         cmd.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
@@ -55,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from streampass import commands
 
-        return commands.demo(args) if args.command == "demo" else commands.inspect(args)
+        return {"demo": commands.demo, "inspect": commands.inspect, "assign": commands.assign}[args.command](args)
     except Exception as e:
         if args.debug:
             raise

@@ -112,16 +112,52 @@ def demo(args: argparse.Namespace) -> int:
         f"no-ops, so this checks the rewrite kept the program's meaning; race-freedom is what the "
         f"static check above proves)"
     )
+    auto = compare_assignments()
+    print("\n".join(auto))
     _write_html(
         args,
         original,
         gm,
         "streampass demo: attention block with side streams",
-        describe(before) + [f"pass: {result.summary()}"],
+        describe(before) + [f"pass: {result.summary()}"] + auto,
     )
     if not (result.ok and same):
         return 1
     return 0
+
+
+def compare_assignments(batch: int = 2048, dim: int = 1024, cost: str = "h100") -> list[str]:
+    """The demo block's hand-written streams against :func:`streampass.assign_streams` on the
+    same block without them, both after the pass, simulated at a realistic size (traced on the
+    meta device: no memory, no compute)."""
+    from streampass.assign.choose import assign_streams
+    from streampass.sim.simulate import simulate
+
+    with torch.device("meta"):
+        gm, _ = trace_demo(batch, dim)
+    plain = _copy(gm)
+    for n in plain.graph.nodes:  # the same block as if written without streampass.stream
+        custom = n.meta.get("custom")
+        if isinstance(custom, dict) and "stream" in custom:
+            rest = {k: v for k, v in custom.items() if k != "stream"}
+            n.meta["custom"] = rest
+    run(gm)
+    hand = simulate(gm, cost, cpu_launch=True)
+    choice = assign_streams(plain, cost)
+    us = 1e6
+    placed = {s: len(names) for s, names in sorted(choice.groups().items())}
+    rows = [
+        ("one stream", choice.single_stream, ""),
+        ("hand-written streams", hand.makespan, "value projection on 1, gating MLP on 2"),
+        (
+            f"automatic ({choice.candidate})",
+            choice.makespan,
+            f"compute nodes per stream {placed}, {choice.waits} waits",
+        ),
+    ]
+    width = max(len(r[0]) for r in rows) + 1
+    head = f"== automatic streams (streampass.assign_streams), simulated on {cost} at batch {batch}, width {dim} =="
+    return [head] + [f"  {(label + ':').ljust(width)} {t * us:8.1f} us  {why}".rstrip() for label, t, why in rows]
 
 
 def _write_html(args: argparse.Namespace, before, after, title: str, lines: list[str]) -> None:
@@ -178,10 +214,27 @@ def _import_target(target: str):
             ) from e
     if not callable(obj):
         raise UsageError(f"{target} is not a function or module")
+    if not isinstance(obj, torch.nn.Module) and _takes_no_arguments(obj):
+        built = obj()  # a factory, as the hint above suggests: make_model() -> the module
+        if not isinstance(built, torch.nn.Module):
+            raise UsageError(f"{target} takes no arguments and returns {type(built).__name__}, not a module")
+        obj = built
     return obj
 
 
-def load_target(target: str, shapes: str | None = None, dtype: str = "float32") -> torch.fx.GraphModule:
+def _takes_no_arguments(fn) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return not any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
+def load_target(
+    target: str, shapes: str | None = None, dtype: str = "float32", device: str = "cpu"
+) -> torch.fx.GraphModule:
     """A graph to inspect: a ``torch.export`` program file (``.pt2``), or ``module:function``
     (or ``module:ModuleClass``, built with no arguments) traced with make_fx on random inputs
     of ``shapes`` (``"8x16,16x4"``). Raises :class:`UsageError` for what the user can fix."""
@@ -194,8 +247,10 @@ def load_target(target: str, shapes: str | None = None, dtype: str = "float32") 
     if not sep or not mod_name or not attr:
         raise UsageError(f"TARGET must be a .pt2 file or module:function, got {target!r}")
     dt = _dtype(dtype)
-    inputs = [torch.randn(*_shape(spec), dtype=dt) for spec in (shapes or "").split(",") if spec.strip()]
+    inputs = [torch.randn(*_shape(spec), dtype=dt, device=device) for spec in (shapes or "").split(",") if spec.strip()]
     fn = _import_target(target)
+    if isinstance(fn, torch.nn.Module):
+        fn = fn.to(device=device)
     try:
         return make_fx(fn)(*inputs)
     except (TypeError, RuntimeError) as e:
@@ -233,4 +288,44 @@ def inspect(args: argparse.Namespace) -> int:
     tail = [f"pass: {result.summary()}", f"hazards after the pass: {len(result.after.hazards)}"]
     print("\n".join(tail))
     _write_html(args, original, gm, f"streampass inspect {args.target}", lines + tail)
+    return 0 if result.ok else 1
+
+
+def assign(args: argparse.Namespace) -> int:
+    """``streampass assign TARGET``: :func:`streampass.assign_streams` on a user's program; prints
+    the streams chosen and the predicted schedule against one stream, writes the HTML report
+    (the graph as traced, then as assigned and synced)."""
+    from streampass.assign.choose import assign_streams
+
+    if args.max_streams < 1:
+        raise UsageError(f"--max-streams must be at least 1, got {args.max_streams}")
+    from streampass.sim.cost import PROFILES
+
+    if args.cost not in PROFILES:
+        raise UsageError(f"--cost: no device profile {args.cost!r}; known: {', '.join(sorted(PROFILES))}")
+    gm = load_target(args.target, args.shapes, args.dtype, device="meta" if args.meta else "cpu")
+    original = _copy(gm)
+    choice = assign_streams(gm, args.cost, max_streams=args.max_streams)
+    lines = [f"== streampass assign {args.target} ({args.cost}) ==", *choice.explain().splitlines()]
+    choice.apply(gm)
+    result = run(gm)
+    lines += [
+        f"predicted: {choice.makespan * 1e6:.1f} us with streams {choice.used}, "
+        f"{choice.single_stream * 1e6:.1f} us on one stream ({choice.single_stream / choice.makespan:.2f}x)",
+        f"pass: {result.summary()}",
+    ]
+    print("\n".join(lines))
+    if getattr(args, "html", None):
+        from streampass.view.report import write_report
+
+        path = write_report(
+            args.html,
+            original,
+            gm,
+            title=f"streampass assign {args.target}",
+            lines=lines,
+            cost=args.cost,
+            cpu_launch=True,
+        )
+        print(f"HTML report: {path.resolve()}")
     return 0 if result.ok else 1

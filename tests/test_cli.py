@@ -64,6 +64,22 @@ def user_folder(tmp_path):
         class NeedsArgs(torch.nn.Module):
             def __init__(self, width):
                 super().__init__()
+
+        class Towers(torch.nn.Module):
+            # four independent projections: large enough (on meta) for side streams to pay
+
+            def __init__(self, width=2048):
+                super().__init__()
+                self.towers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(4))
+
+            def forward(self, x):
+                return sum(t(x).relu() for t in self.towers)
+
+        def make_towers():
+            return Towers()
+
+        def make_nothing():
+            return 3
     """)
     )
     return tmp_path
@@ -112,3 +128,50 @@ def test_demo_prints_no_warning():
     out = _run("demo", "--html", "")
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr, out.stderr
+
+
+def test_assign_chooses_streams_and_writes_the_report(user_folder):
+    html = user_folder / "out" / "assign.html"
+    out = _run("assign", "mymod:make_towers", "--shapes", "4096x2048", "--meta", "--html", str(html), cwd=user_folder)
+    assert out.returncode == 0, out.stderr
+    chose = next(line for line in out.stdout.splitlines() if line.startswith("predicted:"))
+    used = chose.split("with streams ")[1].split("]")[0]
+    assert used.count(",") >= 1, out.stdout  # more than the ambient stream
+    one, mine = (float(x.split(" us")[0].split()[-1]) for x in (chose.split(", ")[-1], chose.split(" with")[0]))
+    assert mine < one
+    assert "hazards" not in out.stderr and "0 after" in out.stdout
+    page = html.read_text(encoding="utf-8")
+    assert '<section id="schedule">' in page and "streampass assign mymod:make_towers" in page
+
+
+def test_assign_keeps_small_programs_on_one_stream(user_folder):
+    out = _run("assign", "mymod:f", "--shapes", "8x4,4x4", "--html", "", cwd=user_folder)
+    assert out.returncode == 0, out.stderr
+    assert "streams [0, 1]" in out.stdout  # the program's own stream 1 stays; nothing added
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["mymod:make_towers", "--shapes", "8x2048", "--cost", "b200"], "no device profile 'b200'"),
+        (["mymod:make_towers", "--shapes", "8x2048", "--max-streams", "0"], "--max-streams must be at least 1"),
+        (["mymod:make_nothing", "--shapes", "2x2"], "returns int, not a module"),
+    ],
+)
+def test_assign_errors_are_one_line_and_exit_2(argv, says, user_folder):
+    out = _run("assign", *argv, "--html", "", cwd=user_folder)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], out.stderr
+
+
+def test_demo_shows_the_automatic_streams_next_to_the_hand_written_ones():
+    out = _run("demo", "--html", "")
+    assert out.returncode == 0, out.stderr
+    times = {}
+    for line in out.stdout.splitlines():
+        for label in ("one stream", "hand-written streams", "automatic"):
+            if line.strip().startswith(label):
+                times[label] = float(line.split(":", 1)[1].split(" us")[0])
+    assert set(times) == {"one stream", "hand-written streams", "automatic"}, out.stdout
+    assert times["automatic"] <= times["one stream"] and times["hand-written streams"] < times["one stream"]

@@ -75,10 +75,12 @@ class StreamChoice:
     def explain(self) -> str:
         """A few lines: the candidates' makespans, the streams chosen, why nodes stayed ambient."""
         us = 1e6
+        one = next((e for e in self.candidates if e.name == "one stream"), None)
         lines = [
             f"chose {self.candidate!r}: {self.makespan * us:.1f} us simulated vs {self.single_stream * us:.1f} us "
             f"on one stream; streams {self.used}; run adds {self.waits} wait(s), {self.records} record(s); "
             f"peak ~{self.peak_bytes / 2**20:.1f} MiB"
+            + (f" (one stream ~{one.peak_bytes / 2**20:.1f} MiB)" if one is not None else "")
         ]
         if self.note:
             lines.append(self.note)

@@ -37,13 +37,13 @@ def _dag_body(dag, max_nodes: int, engine: str) -> str:
     )
 
 
-def _schedule_body(gm, cost: str) -> str | None:
+def _schedule_body(gm, cost: str, cpu_launch: bool) -> str | None:
     try:
         from streampass.sim.simulate import simulate
     except ImportError:
         return None
     try:
-        sched = simulate(gm, cost=cost)
+        sched = simulate(gm, cost=cost, cpu_launch=cpu_launch)
     except Exception as e:  # the report must not fail because the simulator refuses a graph
         return f"<p>simulation unavailable for this graph: {html.escape(str(e))}</p>"
     return (
@@ -68,6 +68,7 @@ def build_report(
     lines: list[str] | None = None,
     cost: str = "h100",
     schedule: bool = True,
+    cpu_launch: bool = False,
     max_nodes: int = MAX_NODES,
     engine: str = "auto",
 ) -> str:
@@ -76,7 +77,8 @@ def build_report(
     ``before``: the graph as given (GraphModule or StreamDAG); ``after``: the graph after
     :func:`streampass.run` (omit to report one graph). ``lines``: a text summary shown at the
     top (the CLI passes what it printed). ``schedule``: add the simulated schedule of the final
-    graph (``cost`` profile) when :mod:`streampass.sim.simulate` is installed.
+    graph (``cost`` profile; ``cpu_launch`` as for :func:`streampass.simulate`) when
+    :mod:`streampass.sim.simulate` is installed.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -115,7 +117,7 @@ def build_report(
         nav += [("changes", "Changes"), ("after", "After")]
     final = after if after is not None else before
     if schedule and hasattr(final, "graph"):
-        body = _schedule_body(final, cost)
+        body = _schedule_body(final, cost, cpu_launch)
         if body is not None:
             sections.append(_section(f"Simulated schedule ({cost})", body, "schedule"))
             nav.append(("schedule", "Schedule"))
