@@ -174,15 +174,38 @@ def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: 
         meets_best_baseline=choice.makespan * 1e6 <= best * (1 + 1e-9),
         never_slower_than_one=choice.makespan <= choice.single_stream,
         waits_le_nimble=choice.waits <= rows["nimble"]["waits"],
+        # the issue's other targets, reported as measured (docs/assign.md says which are missed)
+        within_115_critical_path=choice.makespan <= 1.15 * choice.schedule.critical_path_time,
+        memory_le_125_one_stream=choice.peak_bytes <= 1.25 * rows["one stream"]["peak_mib"] * 2**20,
+        assign_le_run=choice.seconds <= run_s,
     )
+
+
+def pictures(folder: Path, model: CostModel, max_streams: int) -> None:
+    """docs/img/assign_moe_*.svg: the MoE layer's simulated schedule on one stream and as chosen."""
+    from streampass.view.schedule import schedule_svg
+
+    gm = moe()
+    choice = sp.assign_streams(gm, model, max_streams=max_streams)
+    one = next(e for e in choice.candidates if e.name == "one stream")
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, sched, title in (
+        ("one_stream", one.schedule, "MoE layer, 8 experts, one stream"),
+        ("auto", choice.schedule, f"MoE layer, 8 experts, assign_streams ({choice.candidate})"),
+    ):
+        (folder / f"assign_moe_{name}.svg").write_text(schedule_svg(sched, title=title), encoding="utf-8")
+        print(f"wrote {folder / f'assign_moe_{name}.svg'}: {sched.makespan * 1e6:.1f} us")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-streams", type=int, default=4)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "assign.json"))
+    ap.add_argument("--picture", metavar="DIR", help="also write the MoE layer's schedules (one stream, chosen) as SVG here")
     args = ap.parse_args(argv)
     model = CostModel("h100")
+    if args.picture:
+        pictures(Path(args.picture), model, args.max_streams)
     results = []
     for name, build in GRAPHS.items():
         results.append(measure(name, build(), model, args.max_streams))
