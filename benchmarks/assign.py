@@ -201,7 +201,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-streams", type=int, default=4)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "assign.json"))
-    ap.add_argument("--picture", metavar="DIR", help="also write the MoE layer's schedules (one stream, chosen) as SVG here")
+    ap.add_argument(
+        "--picture", metavar="DIR", help="also write the MoE layer's schedules (one stream, chosen) as SVG here"
+    )
     args = ap.parse_args(argv)
     model = CostModel("h100")
     if args.picture:

@@ -21,8 +21,11 @@ from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
 from streampass.sim.schedule import Schedule
 
-#: makespans within this share of each other tie (then fewer waits, then less memory win)
-TIE = 1e-3
+#: makespans within this share of the fastest count as equal: then less peak memory, then fewer
+#: waits win (1%: below what the cost model can tell apart, above what a deferred free costs)
+TIE = 1e-2
+#: how many of the tied leaders the local search starts from
+LEADERS = 3
 
 
 @dataclass
@@ -127,7 +130,7 @@ def _model(cost) -> CostModel:
 
 def _key(e: Evaluation, best: float):
     tied = e.makespan <= best * (1 + TIE)
-    return (not tied, e.makespan if not tied else 0.0, e.waits, e.peak_bytes, e.makespan)
+    return (not tied, e.makespan if not tied else 0.0, e.peak_bytes, e.waits, e.makespan)
 
 
 def generate(w: WorkGraph, slots: list[int]):
@@ -156,7 +159,7 @@ def assign_streams(
     gm: torch.fx.GraphModule,
     cost: CostModel | str | DeviceProfile | None = "h100",
     max_streams: int = 4,
-    memory_budget: int | None = None,
+    memory_budget: float | None = None,
     *,
     cpu_launch: bool = True,
     external_events=(),
@@ -170,9 +173,10 @@ def assign_streams(
     scheduling; each with small branches merged back, docs/assign.md) uses at most
     ``max_streams`` streams for the free nodes and is priced by ``streampass.run`` on a copy and
     :func:`streampass.simulate` (``cpu_launch=True``: launches and syncs cost CPU time, so
-    tiny kernels do not pay for a side stream). The fastest wins (ties: fewer waits, then less
-    memory), but only if strictly faster than one stream; candidates whose estimated peak
-    memory exceeds ``memory_budget`` bytes are left out.
+    tiny kernels do not pay for a side stream). The fastest wins; candidates within
+    :data:`TIE` of it count as equal, and then less peak memory, then fewer waits win. A
+    multi-stream choice must be strictly faster than one stream; candidates whose estimated
+    peak memory exceeds ``memory_budget`` bytes are left out.
     ``side_streams``: the indices side streams may take, in order of preference (default: the
     smallest the graph does not use); a compiler passes indices it knows are free at run time.
 
@@ -215,13 +219,15 @@ def assign_streams(
     for name, streams, notes in generate(w, slots):
         e = price(name, streams, notes)
         single = single or e
-    best = _pick(list(tried.values()), single, memory_budget)
-    # Local search: move each side stream of the winner back to the ambient stream.
-    by_node = {n: best.streams[n.name] for n in w.nodes}
-    for s in sorted(set(best.streams.values()) - {AMBIENT}):
-        if any(by_node[n] == s for n in w.free):
-            price(f"{best.name}, stream {s} ambient", *cand.demote(w, by_node, s))
-    best = _pick(list(tried.values()), single, memory_budget)
+    budget = float("inf") if memory_budget is None else memory_budget
+    # Local search: move each side stream of the leaders (the candidates tied with the fastest,
+    # at most LEADERS of them, least memory first) back to the ambient stream.
+    for lead in _leaders(list(tried.values()), single, budget):
+        by_node = {n: lead.streams[n.name] for n in w.nodes}
+        for s in sorted(set(lead.streams.values()) - {AMBIENT}):
+            if any(by_node[n] == s for n in w.free):
+                price(f"{lead.name}, stream {s} ambient", *cand.demote(w, by_node, s))
+    best = _pick(list(tried.values()), single, budget)
     note = ""
     if best is single and len(tried) > 1:
         rival = min((e for e in tried.values() if e is not single and e.ok), key=lambda e: e.makespan, default=None)
@@ -230,7 +236,7 @@ def assign_streams(
                 f"streams do not pay: the best multi-stream candidate ({rival.name!r}) predicts "
                 f"{rival.makespan * 1e6:.1f} us against {single.makespan * 1e6:.1f} us on one stream"
             )
-    if memory_budget is not None and best.peak_bytes > memory_budget:
+    if best.peak_bytes > budget:
         note = (note + "; " if note else "") + f"no candidate fits memory_budget={memory_budget}: least memory chosen"
     reasons = _reasons(w, best, note)
     return StreamChoice(
@@ -249,7 +255,15 @@ def assign_streams(
     )
 
 
-def _pick(evals: list[Evaluation], single: Evaluation, budget: int | None) -> Evaluation:
+def _leaders(evals: list[Evaluation], single: Evaluation, budget: float) -> list[Evaluation]:
+    ok = [e for e in evals if e.ok and e.peak_bytes <= budget and e is not single]
+    if not ok:
+        return []
+    fastest = min(e.makespan for e in ok)
+    return sorted((e for e in ok if e.makespan <= fastest * (1 + TIE)), key=lambda e: _key(e, fastest))[:LEADERS]
+
+
+def _pick(evals: list[Evaluation], single: Evaluation, budget: float) -> Evaluation:
     ok = [e for e in evals if e.ok and (budget is None or e.peak_bytes <= budget)]
     if not ok:
         return min((e for e in evals if e.ok), key=lambda e: (e.peak_bytes, e.makespan), default=single)
