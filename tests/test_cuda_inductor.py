@@ -114,3 +114,33 @@ def test_side_stream_kernels_run_on_their_own_streams(name, style):
     # the ambient stream plus at least one side stream: inductor's native codegen really
     # switched streams (the graph kept custom.stream on CUDA)
     assert len(kernel_streams) >= 2, kernel_streams
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_auto_assigned_streams_run_on_cuda_and_equal_eager(training):
+    """``assign="auto"`` on CUDA: the chosen side streams (indices from AUTO_STREAMS up, which no
+    one registered) resolve to real side streams, the kernels run there, results equal eager."""
+    from test_assign_compile import Towers
+
+    torch.manual_seed(0)
+    model, x = Towers(width=2048).cuda(), torch.randn(4096, 2048, device="cuda")
+    with torch.set_grad_enabled(training):
+        want = model(x)
+    if training:
+        want.sum().backward()
+        want_grads = [q.grad.clone() for q in model.parameters()]
+        model.zero_grad()
+    p = spi.StreamPass(keep_graphs=True, assign="auto")  # the real H100 costs: these matmuls pay
+    with spi.enabled(p), torch.set_grad_enabled(training):
+        cfn = torch.compile(model)
+        got = cfn(x)
+    if training:
+        got.sum().backward()
+        for g, w in zip((q.grad for q in model.parameters()), want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    assert all(r.assigned["side_streams"] >= 1 and r.lowering == "native" for r in p.reports), [
+        r.line() for r in p.reports
+    ]
+    if not training:  # (_kernel_streams calls under no_grad: a training graph would recompile)
+        assert len(_kernel_streams(lambda: cfn(x))) >= 2
