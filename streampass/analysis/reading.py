@@ -91,7 +91,13 @@ def _graph_of(g: torch.fx.GraphModule | torch.fx.Graph) -> torch.fx.Graph:
 
 
 def annotated_stream(node: torch.fx.Node) -> int | None:
-    """``node.meta["custom"]["stream"]`` if set (validated), else None."""
+    """``node.meta["custom"]["stream"]`` if set (validated), else None.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> x.meta["custom"] = {"stream": 3}
+    >>> annotated_stream(x), annotated_stream(g.placeholder("y"))
+    (3, None)
+    """
     custom = node.meta.get("custom")
     if not isinstance(custom, dict):
         return None
@@ -106,7 +112,14 @@ _OTHER_STREAM_ARG = {ops.WAIT_STREAM: 1, ops.SYNC_STREAM: 0, ops.FORK: 1, ops.JO
 
 
 def named_stream(call: ops.SyncCall) -> int | None:
-    """The stream a stream op names without running on it (see ``StreamAssignment.named``), or None."""
+    """The stream a stream op names without running on it (see ``StreamAssignment.named``), or None.
+
+    >>> g = torch.fx.Graph()
+    >>> named_stream(ops.as_sync_call(g.call_function(ops.WAIT_STREAM, (0, 2))))  # stream 0 waits for 2
+    2
+    >>> named_stream(ops.as_sync_call(g.call_function(ops.RECORD_EVENT, (7, 1)))) is None
+    True
+    """
     i = _OTHER_STREAM_ARG.get(call.target)
     return None if i is None else call.args[i]
 

@@ -15,7 +15,14 @@ AUTO_STREAMS = EVENT_BASE // 2
 
 def cost_key(cost) -> str:
     """The cost model as it enters the cache key: a profile by its fields; a ``CostModel`` with
-    overrides by the overrides' name (a dict by its items)."""
+    overrides by the overrides' name (a dict by its items).
+
+    >>> from streampass.sim.cost import CostModel
+    >>> cost_key("h100")
+    "'h100'"
+    >>> cost_key(CostModel("h100", {"mm": 1e-3})) == cost_key(CostModel("h100", {"mm": 1e-3})) != cost_key("h100")
+    True
+    """
     from streampass.sim.cost import CostModel
 
     if not isinstance(cost, CostModel):
@@ -33,7 +40,17 @@ def note(a: dict) -> str:
 
 
 def summary(choice: StreamChoice | None) -> dict | None:
-    """What ``assign="auto"`` chose for a graph, for the report (None: not asked)."""
+    """What ``assign="auto"`` chose for a graph, for the report (None: not asked).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> m = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+    >>> s = summary(sp.assign_streams(make_fx(lambda x, w: (x @ w).relu() + (x @ w.t()).sigmoid())(m, m)))
+    >>> s["side_streams"], s["predicted_us"] < s["one_stream_us"]
+    (1, True)
+    >>> note(s).startswith("; assign=auto chose")
+    True
+    """
     if choice is None:
         return None
     return {
@@ -46,7 +63,16 @@ def summary(choice: StreamChoice | None) -> dict | None:
 
 def assign_in_place(gm: torch.fx.GraphModule, cost, max_streams: int) -> StreamChoice:
     """Choose streams for ``gm``'s unplaced nodes (side streams from :data:`AUTO_STREAMS` up)
-    and write them as annotations; the pass then plans the syncs as for a user's own streams."""
+    and write them as annotations; the pass then plans the syncs as for a user's own streams.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> m = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+    >>> gm = make_fx(lambda x, w: (x @ w).relu() + (x @ w.t()).sigmoid())(m, m)
+    >>> choice = assign_in_place(gm, "h100", max_streams=2)
+    >>> sp.read_streams(gm).streams == [0, AUTO_STREAMS], sp.run(gm).ok
+    (True, True)
+    """
     choice = assign_streams(gm, cost, max_streams=max_streams, side_streams=range(AUTO_STREAMS, EVENT_BASE))
     choice.apply(gm)
     return choice

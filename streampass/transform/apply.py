@@ -379,7 +379,8 @@ def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True)
 
 def apply_and_read(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True) -> tuple[bool, StreamAssignment]:
     """:func:`apply_plan`, and the edited graph's reading from the edit's bookkeeping
-    (:mod:`streampass.transform.reading_after`), its edited nodes checked against the graph."""
+    (:mod:`streampass.transform.reading_after`, whose example calls this), its edited nodes
+    checked against the graph."""
     editor = _Editor(gm, plan)
     editor.insert()
     editor.normalize_streams()

@@ -33,6 +33,20 @@ def reading_after(
     every stream op, new ones included, as first made (a plain op the edit then wrapped in
     ``control_deps`` reads here as the wrapper it became). Erased nodes (fork/join) drop out.
     Raises :class:`StreamPassError` if the graph holds a node the bookkeeping cannot place.
+    :func:`streampass.transform.apply.apply_and_read` calls it:
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> from streampass.transform.apply import apply_and_read
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> changed, after = apply_and_read(gm, sp.plan_syncs(sp.read_streams(gm)))
+    >>> fresh = sp.read_streams(gm)  # what a second reading would find
+    >>> changed, after.nodes == fresh.nodes, after.stream == fresh.stream, after.root == fresh.root
+    (True, True, True, True)
     """
     nodes = list(graph.nodes)
     out_stream: dict[Node, int] = {}
@@ -76,6 +90,17 @@ def check_region(a: StreamAssignment, edited) -> None:
 
     Raises :class:`StreamPassError` (an internal error, naming the node) on any difference.
     Nodes the edit did not touch read as they did before it, which needs no check.
+
+    >>> import torch, streampass as sp
+    >>> gm = torch.fx.symbolic_trace(lambda x: torch.sin(x))
+    >>> a = sp.read_streams(gm)
+    >>> sin = a.node_named("sin")
+    >>> check_region(a, [sin])  # as read: nothing to say
+    >>> sin.meta["custom"] = {"stream": 2}
+    >>> check_region(a, [sin])
+    Traceback (most recent call last):
+      ...
+    streampass.errors.StreamPassError: node 'sin': internal error: sin is annotated 2, planned 0
     """
     for n in dict.fromkeys(edited):
         if n not in a.position:
