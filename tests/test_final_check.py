@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from test_properties import SETTINGS, graphs
 
 import streampass as sp
+from streampass import ops
 from streampass.errors import StreamPassError
 from streampass.synthetic import random_stream_graph
 from streampass.transform import pipeline
@@ -39,7 +40,10 @@ def same_reading(kept: sp.StreamAssignment, fresh: sp.StreamAssignment) -> None:
 @SETTINGS
 @given(gm=graphs, wrapped=st.booleans())
 def test_the_kept_reading_is_a_fresh_reading_and_both_checks_agree(gm, wrapped):
-    if wrapped:  # existing syncs in control_deps, as aot_autograd leaves them
+    switches = any(n.target in (ops.FORK, ops.JOIN) for n in gm.graph.nodes)
+    if wrapped and not switches:
+        # existing syncs in control_deps, as aot_autograd leaves them (it never has fork/join:
+        # on torch 2.11 the stand-in wrapper would make one fork/join depend on another)
         wrap_syncs_in_control_deps(gm)
     full_gm = copy.deepcopy(gm)
     region = sp.run(gm)  # the default: check="region"
