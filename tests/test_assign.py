@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
+from streampass.assign.choose import TIE
 from streampass.runtime import run_serial
 from streampass.sim.cost import CostModel
 from streampass.synthetic import random_inputs, random_stream_graph
@@ -76,6 +77,13 @@ def test_applied_assignment_is_race_free_equal_and_keeps_fixed_streams(gm, keep,
     assert len({s for k, s in choice.streams.items() if k in choice.free}) <= max_streams
     assert choice.makespan <= choice.single_stream
     assert choice.schedule.ok
+    # The secondary terms: among the candidates tied with the fastest (within TIE), the choice
+    # has the least peak memory, then the fewest waits (unless one stream won outright).
+    ok = [e for e in choice.candidates if e.ok]
+    fastest = min(e.makespan for e in ok)
+    tied = [e for e in ok if e.makespan <= fastest * (1 + TIE)]
+    if choice.candidate != "one stream" and choice.makespan <= fastest * (1 + TIE):
+        assert (choice.peak_bytes, choice.waits) == min((e.peak_bytes, e.waits) for e in tied)
 
     choice.apply(gm)
     result = sp.run(gm)
