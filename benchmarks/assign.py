@@ -29,22 +29,13 @@ from streampass.assign import candidates as cand
 from streampass.assign.dag import work_graph
 from streampass.assign.evaluate import evaluate
 from streampass.sim.cost import CostModel
-from streampass.transform.assign_apply import annotated_copy
+from streampass.transform.assign_apply import annotated_copy, drop_streams
 
 BF16 = torch.bfloat16
 
 
 def meta(*shape):
     return torch.empty(*shape, device="meta", dtype=BF16)
-
-
-def strip(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Drop every stream annotation (the hand-annotated blocks of bench_models become unassigned)."""
-    for n in gm.graph.nodes:
-        custom = n.meta.get("custom")
-        if isinstance(custom, dict) and "stream" in custom:
-            n.meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
-    return gm
 
 
 def inception(batch: int = 32):
@@ -105,7 +96,7 @@ def mlp_backward(layers: int = 4, batch: int = 8192, d: int = 2048):
 
 def transformer():
     m, x = bench_models.model_inputs("transformer")
-    return strip(make_fx(m)(x))
+    return drop_streams(make_fx(m)(x))
 
 
 def resnet_fw_bw():
@@ -117,7 +108,7 @@ def resnet_fw_bw():
         out = torch.func.functional_call(m, dict(zip(names, ps)), (x,))
         return torch.autograd.grad(out.sum(), [x, *ps])
 
-    return strip(make_fx(f)(x.requires_grad_(), *[p.detach().requires_grad_() for p in params.values()]))
+    return drop_streams(make_fx(f)(x.requires_grad_(), *[p.detach().requires_grad_() for p in params.values()]))
 
 
 GRAPHS = {

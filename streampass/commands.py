@@ -132,15 +132,11 @@ def compare_assignments(batch: int = 2048, dim: int = 1024, cost: str = "h100") 
     meta device: no memory, no compute)."""
     from streampass.assign.choose import assign_streams
     from streampass.sim.simulate import simulate
+    from streampass.transform.assign_apply import drop_streams
 
     with torch.device("meta"):
         gm, _ = trace_demo(batch, dim)
-    plain = _copy(gm)
-    for n in plain.graph.nodes:  # the same block as if written without streampass.stream
-        custom = n.meta.get("custom")
-        if isinstance(custom, dict) and "stream" in custom:
-            rest = {k: v for k, v in custom.items() if k != "stream"}
-            n.meta["custom"] = rest
+    plain = drop_streams(_copy(gm))  # the same block as if written without streampass.stream
     run(gm)
     hand = simulate(gm, cost, cpu_launch=True)
     choice = assign_streams(plain, cost)

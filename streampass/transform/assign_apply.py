@@ -65,6 +65,25 @@ def apply_streams(gm: torch.fx.GraphModule, streams: Mapping[str, int]) -> int:
     return changed
 
 
+def drop_streams(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Remove every ``custom.stream`` annotation from ``gm`` (other ``custom`` keys stay); returns
+    ``gm``: the graph as if written without ``streampass.stream``, for comparing a hand-written
+    assignment with :func:`streampass.assign_streams`.
+
+    >>> import torch
+    >>> gm = torch.fx.symbolic_trace(lambda x: x.sin())
+    >>> sin = gm.graph.find_nodes(op="call_method", target="sin")[0]
+    >>> sin.meta["custom"] = {"stream": 1, "tag": "mine"}
+    >>> drop_streams(gm) is gm, sin.meta["custom"]
+    (True, {'tag': 'mine'})
+    """
+    for n in gm.graph.nodes:
+        custom = n.meta.get("custom")
+        if isinstance(custom, dict) and "stream" in custom:
+            n.meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
+    return gm
+
+
 def annotated_copy(gm: torch.fx.GraphModule, streams: Mapping[str, int]) -> torch.fx.GraphModule:
     """A new GraphModule over a copy of ``gm``'s graph, annotated with ``streams``.
 
