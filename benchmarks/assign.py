@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -120,6 +121,9 @@ GRAPHS = {
     "transformer block": transformer,
     "ResNet bottleneck fw+bw": resnet_fw_bw,
 }
+REPEAT = 3
+
+
 BASELINES = {
     "one stream": lambda w, slots: cand.one_stream(w),
     "nimble": cand.chain_cover,
@@ -137,15 +141,20 @@ def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: 
     for label, make in BASELINES.items():
         streams, _ = make(w, slots)
         e = evaluate(gm, label, {n.name: s for n, s in streams.items()}, free, model)
-        assert e.ok, (name, label)
+        assert e.schedule.ok, (name, label)
         rows[label] = dict(makespan_us=e.makespan * 1e6, waits=e.waits, peak_mib=e.peak_bytes / 2**20, streams=e.used)
-    choice = sp.assign_streams(gm, model, max_streams=max_streams)
-    applied = annotated_copy(gm, {})
-    choice.apply(applied)
-    t0 = time.perf_counter()
-    result = sp.run(applied, bind_runtime=False)
-    run_s = time.perf_counter() - t0
+    # Best of REPEAT for both timings: the first call of either warms caches the other shares.
+    choices = [sp.assign_streams(gm, model, max_streams=max_streams) for _ in range(REPEAT)]
+    choice = min(choices, key=lambda c: c.seconds)
+    run_s = float("inf")
+    for _ in range(REPEAT):
+        applied = annotated_copy(gm, {})
+        choice.apply(applied)
+        t0 = time.perf_counter()
+        result = sp.run(applied, bind_runtime=False)
+        run_s = min(run_s, time.perf_counter() - t0)
     assert result.ok and result.waits_added == choice.waits, name
+    assert math.isclose(sp.simulate(applied, model, cpu_launch=True).makespan, choice.makespan, rel_tol=1e-9), name
     rows["assign_streams"] = dict(
         makespan_us=choice.makespan * 1e6,
         waits=choice.waits,
@@ -162,6 +171,8 @@ def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: 
         assign_s=choice.seconds,
         run_s=run_s,
         candidates=len(choice.candidates),
+        skipped=len(choice.skipped),
+        assign_over_run=choice.seconds / run_s,
         meets_best_baseline=choice.makespan * 1e6 <= best * (1 + 1e-9),
         never_slower_than_one=choice.makespan <= choice.single_stream,
         waits_le_nimble=choice.waits <= rows["nimble"]["waits"],
@@ -203,17 +214,18 @@ def main(argv=None) -> None:
     for name, build in GRAPHS.items():
         results.append(measure(name, build(), model, args.max_streams))
     labels = [*BASELINES, "assign_streams"]
-    print(f"{'graph':26} {'nodes':>5} {'CP us':>8} " + " ".join(f"{k[:18]:>22}" for k in labels) + "  assign/run s")
+    print(f"{'graph':26} {'nodes':>5} {'CP us':>8} " + " ".join(f"{k[:18]:>22}" for k in labels) + "  assign/run")
     for r in results:
         cells = " ".join(
             f"{r['rows'][k]['makespan_us']:9.1f}us {r['rows'][k]['waits']:3d}w {r['rows'][k]['peak_mib']:5.0f}M"
             for k in labels
         )
         print(
-            f"{r['graph']:26} {r['compute_nodes']:5d} {r['critical_path_us']:8.1f} {cells}  {r['assign_s']:.2f}/{r['run_s']:.3f}"
+            f"{r['graph']:26} {r['compute_nodes']:5d} {r['critical_path_us']:8.1f} {cells}  {r['assign_s'] * 1e3:.1f}/{r['run_s'] * 1e3:.1f} ms"
         )
         print(
-            f"{'':41}winner: {r['rows']['assign_streams']['candidate']}, streams {r['rows']['assign_streams']['streams']}"
+            f"{'':41}winner: {r['rows']['assign_streams']['candidate']}, streams {r['rows']['assign_streams']['streams']}; "
+            f"{r['candidates']} priced, {r['skipped']} skipped by their lower bound"
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     meta_info = dict(profile="h100", cpu_launch=True, max_streams=args.max_streams, torch=torch.__version__)

@@ -13,6 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass.assign.choose import TIE
+from streampass.assign.memory import peak_bytes
 from streampass.runtime import run_serial
 from streampass.sim.cost import CostModel
 from streampass.synthetic import random_inputs, random_stream_graph
@@ -79,9 +80,9 @@ def test_applied_assignment_is_race_free_equal_and_keeps_fixed_streams(gm, keep,
     assert choice.schedule.ok
     # The secondary terms: among the candidates tied with the fastest (within TIE), the choice
     # has the least peak memory, then the fewest waits (unless one stream won outright).
-    ok = [e for e in choice.candidates if e.ok]
-    fastest = min(e.makespan for e in ok)
-    tied = [e for e in ok if e.makespan <= fastest * (1 + TIE)]
+    fastest = min(e.makespan for e in choice.candidates)
+    tied = [e for e in choice.candidates if e.makespan <= fastest * (1 + TIE)]
+    assert all(bound > fastest * (1 + TIE) for _, bound in choice.skipped)
     if choice.candidate != "one stream" and choice.makespan <= fastest * (1 + TIE):
         assert (choice.peak_bytes, choice.waits) == min((e.peak_bytes, e.waits) for e in tied)
 
@@ -93,7 +94,10 @@ def test_applied_assignment_is_race_free_equal_and_keeps_fixed_streams(gm, keep,
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
     # The prediction is the graph run actually produced.
-    assert sp.simulate(gm, BIG, cpu_launch=True).makespan == pytest.approx(choice.makespan)
+    schedule = sp.simulate(gm, BIG, cpu_launch=True)
+    assert schedule.makespan == pytest.approx(choice.makespan)
+    assert (result.waits_added, result.records_added) == (choice.waits, choice.records)
+    assert peak_bytes(gm, schedule) == choice.peak_bytes
 
 
 def _branches(n: int, size: int, device: str = "meta"):

@@ -1,8 +1,10 @@
 """``streampass.assign_streams``: pick the stream of every compute node, by simulation.
 
-Candidates (``assign.candidates``) are priced by running ``streampass.run`` on an annotated copy
-and simulating it (``assign.evaluate``); the single-stream assignment wins unless another is
-strictly faster. Never edits the user's graph; :meth:`StreamChoice.apply` writes the choice.
+Candidates (``assign.candidates``) are priced by the sync plan ``streampass.run`` would add for
+them and a simulation of it (``assign.price``: the numbers a run on an annotated copy gives,
+without the copy), in order of a lower bound that skips those that cannot win; the
+single-stream assignment wins unless another is strictly faster. Never edits the user's graph;
+:meth:`StreamChoice.apply` writes the choice.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from streampass.analysis.reading import read_streams
 from streampass.assign import candidates as cand
 from streampass.assign.dag import WorkGraph, work_graph
 from streampass.assign.evaluate import Evaluation, evaluate
+from streampass.assign.price import Pricer
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
 from streampass.sim.schedule import Schedule
@@ -34,20 +37,23 @@ class StreamChoice:
 
     Attributes:
         streams: node name -> stream index for every compute node (0 = ambient), fixed ones included.
-        schedule: the simulated :class:`~streampass.sim.schedule.Schedule` of the graph after
-            this choice and ``streampass.run`` (syncs included).
+        evaluation: the winning candidate's :class:`~streampass.assign.evaluate.Evaluation`;
+            :attr:`schedule` is its simulated :class:`~streampass.sim.schedule.Schedule` after
+            ``streampass.run`` (syncs included).
         single_stream: the simulated makespan with every free node on the ambient stream.
         waits, records: the syncs ``run`` adds for this choice.
         peak_bytes: the estimated peak live memory of that schedule (``assign.memory``).
         candidate: the name of the candidate that won.
         candidates: every candidate priced, in the order tried.
+        skipped: ``(name, lower bound)`` of the candidates not priced: even with free syncs
+            they could not come within :data:`TIE` of the fastest.
         reasons: node name -> why it is on the stream it is on (fixed, critical path, too small, ...).
         free: the nodes the choice may place (the rest are fixed by the graph).
         seconds: wall time of the whole search.
     """
 
     streams: dict[str, int]
-    schedule: Schedule = field(repr=False)
+    evaluation: Evaluation = field(repr=False)
     single_stream: float
     waits: int
     records: int
@@ -58,10 +64,18 @@ class StreamChoice:
     free: frozenset[str] = field(repr=False)
     seconds: float = 0.0
     note: str = ""
+    skipped: list[tuple[str, float]] = field(default_factory=list, repr=False)
 
     @property
     def makespan(self) -> float:
-        return self.schedule.makespan
+        """The simulated makespan of the graph after this choice and ``streampass.run``."""
+        return self.evaluation.makespan
+
+    @property
+    def schedule(self) -> Schedule:
+        """The whole simulated schedule after this choice and ``run`` (built on first use: a
+        copy of the graph, ``run`` and :func:`streampass.simulate`)."""
+        return self.evaluation.schedule
 
     @property
     def used(self) -> list[int]:
@@ -90,6 +104,11 @@ class StreamChoice:
         lines.append(
             "candidates: " + ", ".join(f"{e.name} {e.makespan * us:.1f} us/{e.waits}w" for e in self.candidates)
         )
+        if self.skipped:
+            lines.append(
+                "not priced (lower bound already too slow): "
+                + ", ".join(f"{name} >= {bound * us:.1f} us" for name, bound in self.skipped)
+            )
         for s, names in sorted(self.groups().items()):
             shown = ", ".join(names[:8]) + (f", ... ({len(names)} nodes)" if len(names) > 8 else "")
             lines.append(f"stream {s}: {shown}")
@@ -204,50 +223,46 @@ def assign_streams(
     w = work_graph(a, model)
     slots = cand.stream_slots(a, max_streams, side_streams)
     free = frozenset(n.name for n in w.free)
-    tried: dict[tuple, Evaluation] = {}
-
-    def price(name, streams, notes) -> Evaluation:
-        named = {n.name: s for n, s in streams.items()}
-        key = tuple(sorted(named.items()))
-        if key not in tried:
-            tried[key] = evaluate(
-                gm, name, named, free, model, cpu_launch, events, {n.name: v for n, v in notes.items()}
-            )
-        return tried[key]
-
-    single = None
-    for name, streams, notes in generate(w, slots):
-        e = price(name, streams, notes)
-        single = single or e
     budget = float("inf") if memory_budget is None else memory_budget
+    search = _Search(gm, a, w, free, model, cpu_launch, events, budget)
+    single = search.price("one stream", *cand.one_stream(w))
+    search.batch(list(generate(w, slots))[1:])
     # Local search: move each side stream of the leaders (the candidates tied with the fastest,
     # at most LEADERS of them, least memory first) back to the ambient stream.
-    for lead in _leaders(list(tried.values()), single, budget):
+    moves = []
+    for lead in _leaders(list(search.tried.values()), single, budget):
         by_node = {n: lead.streams[n.name] for n in w.nodes}
         for s in sorted(set(lead.streams.values()) - {AMBIENT}):
             if any(by_node[n] == s for n in w.free):
-                price(f"{lead.name}, stream {s} ambient", *cand.demote(w, by_node, s))
-    best = _pick(list(tried.values()), single, budget)
+                moves.append((f"{lead.name}, stream {s} ambient", *cand.demote(w, by_node, s)))
+    search.batch(moves)
+    if not any(e.peak_bytes <= budget for e in search.tried.values()):
+        search.batch(search.skipped.values(), prune=False)  # the least memory may be among them
+    evals = list(search.tried.values())
+    best = _pick(evals, single, budget)
     note = ""
-    if best is single and len(tried) > 1:
-        rival = min((e for e in tried.values() if e is not single and e.ok), key=lambda e: e.makespan, default=None)
+    if best is single and len(evals) + len(search.skipped) > 1:
+        rival = min((e for e in evals if e is not single), key=lambda e: e.makespan, default=None)
         if rival is not None:
             note = (
                 f"streams do not pay: the best multi-stream candidate ({rival.name!r}) predicts "
                 f"{rival.makespan * 1e6:.1f} us against {single.makespan * 1e6:.1f} us on one stream"
             )
+        else:
+            note = "streams do not pay: no multi-stream candidate can beat one stream (lower bounds)"
     if best.peak_bytes > budget:
         note = (note + "; " if note else "") + f"no candidate fits memory_budget={memory_budget}: least memory chosen"
     reasons = _reasons(w, best, note)
     return StreamChoice(
         streams=best.streams,
-        schedule=best.schedule,
+        evaluation=best,
         single_stream=single.makespan,
         waits=best.waits,
         records=best.records,
         peak_bytes=best.peak_bytes,
         candidate=best.name,
-        candidates=list(tried.values()),
+        candidates=evals,
+        skipped=[(name, bound) for name, bound, *_ in search.skipped.values()],
         reasons=reasons,
         free=free,
         seconds=time.perf_counter() - t0,
@@ -255,8 +270,64 @@ def assign_streams(
     )
 
 
+class _Search:
+    """The candidates priced so far, and those skipped because their lower bound
+    (:meth:`~streampass.assign.price.Pricer.bound`) cannot come within :data:`TIE` of the
+    fastest priced: skipping them changes nothing :func:`_pick` could choose."""
+
+    def __init__(self, gm, a, w: WorkGraph, free, model: CostModel, cpu_launch, events, budget):
+        self.gm, self.w, self.free, self.model = gm, w, free, model
+        self.cpu_launch, self.events, self.budget = cpu_launch, events, budget
+        self.pricer = Pricer(a, model, cpu_launch, known=w.time)
+        self.tried: dict[tuple, Evaluation] = {}
+        self.skipped: dict[tuple, tuple] = {}  # key -> (name, bound, streams, notes)
+
+    def price(self, name, streams, notes) -> Evaluation:
+        named = {n.name: s for n, s in streams.items()}
+        key = tuple(sorted(named.items()))
+        if key not in self.tried:
+            t0 = time.perf_counter()
+            p = self.pricer({n: s for n, s in streams.items() if n.name in self.free})
+            gm, free, model, cpu, events = self.gm, self.free, self.model, self.cpu_launch, self.events
+
+            def replay(named=named, name=name):
+                return evaluate(gm, name, named, free, model, cpu, events).schedule
+
+            self.tried[key] = Evaluation(
+                name,
+                named,
+                p.makespan,
+                p.waits,
+                p.records,
+                p.peak_bytes,
+                time.perf_counter() - t0,
+                {n.name: v for n, v in notes.items()},
+                replay=replay,
+            )
+            self.skipped.pop(key, None)
+        return self.tried[key]
+
+    def batch(self, candidates, prune: bool = True) -> None:
+        """Price ``(name, streams, notes)`` candidates in order of lower bound, skipping the
+        ones that cannot matter."""
+        w = self.w
+        todo = {}
+        for name, streams, notes in candidates:
+            key = tuple(sorted((n.name, s) for n, s in streams.items()))
+            if key in self.tried or key in todo:
+                continue
+            bound = self.pricer.bound(w, streams) if prune else 0.0
+            todo[key] = (name, bound, streams, notes)
+        for key, (name, bound, streams, notes) in sorted(todo.items(), key=lambda kv: kv[1][1]):
+            fits = [e.makespan for e in self.tried.values() if e.peak_bytes <= self.budget]
+            if prune and fits and bound > min(fits) * (1 + TIE):
+                self.skipped[key] = (name, bound, streams, notes)
+            else:
+                self.price(name, streams, notes)
+
+
 def _leaders(evals: list[Evaluation], single: Evaluation, budget: float) -> list[Evaluation]:
-    ok = [e for e in evals if e.ok and e.peak_bytes <= budget and e is not single]
+    ok = [e for e in evals if e.peak_bytes <= budget and e is not single]
     if not ok:
         return []
     fastest = min(e.makespan for e in ok)
@@ -264,9 +335,9 @@ def _leaders(evals: list[Evaluation], single: Evaluation, budget: float) -> list
 
 
 def _pick(evals: list[Evaluation], single: Evaluation, budget: float) -> Evaluation:
-    ok = [e for e in evals if e.ok and (budget is None or e.peak_bytes <= budget)]
+    ok = [e for e in evals if e.peak_bytes <= budget]
     if not ok:
-        return min((e for e in evals if e.ok), key=lambda e: (e.peak_bytes, e.makespan), default=single)
+        return min(evals, key=lambda e: (e.peak_bytes, e.makespan), default=single)
     fastest = min(e.makespan for e in ok)
     best = min(ok, key=lambda e: _key(e, fastest))
     if single in ok and not best.makespan < single.makespan * (1 - 1e-9):

@@ -1,4 +1,7 @@
-"""Price one candidate assignment: annotate a copy, ``streampass.run`` it, simulate the result.
+"""Price one candidate assignment the direct way: annotate a copy, ``streampass.run`` it,
+simulate the result. :mod:`streampass.assign.price` computes the same numbers without the copy
+and the edit; this is the reference it is tested against, and how a chosen candidate's whole
+schedule is built.
 
 The user's graph is never edited: the copy (``transform.assign_apply.annotated_copy``) shares
 its parameters and has its own nodes.
@@ -7,7 +10,7 @@ its parameters and has its own nodes.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch.fx
@@ -22,26 +25,32 @@ from streampass.transform.pipeline import run
 
 @dataclass
 class Evaluation:
-    """One candidate after ``run`` and the simulator.
+    """One candidate, priced.
 
-    ``streams``: node name -> stream (every compute node); ``waits``/``records``: the syncs
-    ``run`` added; ``ok``: ``run``'s verdict and the simulated schedule both race-free;
-    ``seconds``: wall time of the copy, ``run`` and the simulation.
+    ``streams``: node name -> stream (every compute node); ``makespan``: the simulated makespan
+    after ``run`` (syncs included); ``waits``/``records``: the syncs ``run`` adds;
+    ``peak_bytes``: :mod:`streampass.assign.memory`'s estimate; ``seconds``: wall time of the
+    pricing. ``schedule``: the whole simulated :class:`~streampass.sim.schedule.Schedule` of the
+    graph after ``run``; a candidate priced by :class:`~streampass.assign.price.Pricer` builds it
+    on first use (a copy, ``run`` and ``simulate``: what :func:`evaluate` does).
     """
 
     name: str
     streams: dict[str, int]
-    schedule: Schedule = field(repr=False)
+    makespan: float
     waits: int
     records: int
     peak_bytes: int
-    ok: bool
     seconds: float
     notes: dict[str, str] = field(default_factory=dict, repr=False)
+    replay: Callable[[], Schedule] | None = field(default=None, repr=False, compare=False)
+    built: Schedule | None = field(default=None, repr=False, compare=False)
 
     @property
-    def makespan(self) -> float:
-        return self.schedule.makespan
+    def schedule(self) -> Schedule:
+        if self.built is None:
+            self.built = self.replay()
+        return self.built
 
     @property
     def used(self) -> list[int]:
@@ -68,7 +77,7 @@ def evaluate(
     >>> gm = make_fx(lambda x, w: x @ w + x @ w.t())(m, m)
     >>> one = evaluate(gm, "one", {"mm": 0, "mm_1": 0, "add": 0}, {"mm", "mm_1", "add"}, CostModel())
     >>> two = evaluate(gm, "two", {"mm": 1, "mm_1": 0, "add": 0}, {"mm", "mm_1", "add"}, CostModel())
-    >>> one.waits, two.waits > 0, two.ok, two.makespan < one.makespan
+    >>> one.waits, two.waits > 0, two.schedule.ok, two.makespan < one.makespan
     (0, True, True, True)
     """
     t0 = time.perf_counter()
@@ -79,11 +88,11 @@ def evaluate(
     return Evaluation(
         name,
         dict(streams),
-        schedule,
+        schedule.makespan,
         result.waits_added,
         result.records_added,
         peak,
-        result.ok and schedule.ok,
         time.perf_counter() - t0,
         dict(notes or {}),
+        built=schedule,
     )

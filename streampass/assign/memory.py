@@ -14,13 +14,14 @@ that Python frees a buffer when its last use is *issued*, not when it completes.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from streampass import ops
-from streampass.analysis.reading import read_streams
+from streampass.analysis.reading import StreamAssignment, read_streams
 from streampass.sim.schedule import Schedule
 
 
@@ -50,30 +51,69 @@ def peak_bytes(gm: torch.fx.GraphModule, schedule: Schedule, external_events=())
     8192
     """
     a = read_streams(gm, external_events)
-    slots = schedule.slots
+    span, holds = {}, []
+    for n in a.nodes:
+        slot = schedule.slots.get(n.name)
+        if slot is None:
+            continue
+        span[n] = (slot.start, slot.end)
+        call = a.syncs.get(n)
+        if call is not None and call.wrapper is not None:
+            holds.append((slot.issued, ordering_deps(call.wrapper)))
+    return live_peak(a, span, schedule.makespan, holds)
+
+
+def carried(call: ops.SyncCall) -> list[torch.fx.Node]:
+    """The tensors a stream op holds until it completes: its own tensor arguments
+    (``sync_dealloc``, ``record_stream``) and what its ``control_deps`` wrapper passes through."""
+    own = [x for x in call.args if isinstance(x, torch.fx.Node)]
+    return own + ops.passthrough_values(call.wrapper) if call.wrapper is not None else own
+
+
+def ordering_deps(wrapper: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes a ``control_deps`` wrapper is ordered after (its first argument): the program
+    holds them until the wrapper is issued, not until it completes."""
+    return [x for x in wrapper.args[0] if isinstance(x, torch.fx.Node)]
+
+
+def live_peak(
+    a: StreamAssignment, span: Mapping, makespan: float, holds: Iterable = (), sizes: dict | None = None
+) -> int:
+    """The estimate for a reading ``a`` played as ``span`` (node -> (start, end) of the nodes the
+    schedule runs); ``holds``: ``(time, values)``: ``values`` stay alive until ``time`` at
+    least (a sync's ordering dependencies until it is issued; a sync plan priced before it is
+    applied adds its own); ``sizes``: a cache of :func:`value_bytes` to reuse across calls."""
+    sizes = {} if sizes is None else sizes
     owner = {n: a.producer.get(a.root[n], a.root[n]) for n in a.nodes}
     alloc: dict[torch.fx.Node, float] = {}
     free: dict[torch.fx.Node, float] = {}
     for n in a.nodes:
-        slot = slots.get(n.name)
-        if a.is_compute(n) and owner[n] is n and slot is not None:
-            alloc[n] = slot.start
-            free[n] = slot.end
+        s = span.get(n)
+        if s is not None and a.is_compute(n) and owner[n] is n:
+            alloc[n], free[n] = s
     for n in a.nodes:
         if n.op == "output":
-            end = schedule.makespan
+            end = makespan
         else:
-            slot = slots.get(n.name)
-            if slot is None:
+            s = span.get(n)
+            if s is None:
                 continue
-            end = slot.end
-        for inp in ops.input_nodes(n):
+            end = s[1]
+        call = a.syncs.get(n)
+        for inp in ops.input_nodes(n) if call is None else carried(call):
             o = owner.get(inp)
+            if o in free and end > free[o]:
+                free[o] = end
+    for end, values in holds:
+        for v in values:
+            o = owner.get(v)
             if o in free and end > free[o]:
                 free[o] = end
     events = []
     for n, t in alloc.items():
-        size = value_bytes(n)
+        size = sizes.get(n)
+        if size is None:
+            size = sizes[n] = value_bytes(n)
         if size:
             events.append((t, 1, size))
             events.append((free[n], 0, -size))  # at equal times, frees come first

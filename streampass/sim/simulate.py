@@ -73,19 +73,27 @@ def _is_device_work(a: StreamAssignment, node: Node) -> bool:
     return a.is_compute(node) or (node.target is ops.CONTROL_DEPS and node not in a.syncs)
 
 
-def _build_items(
-    a: StreamAssignment, times: dict[Node, float], profile: DeviceProfile, cpu_launch: bool, serial: bool
-) -> list[_Item]:
+def graph_steps(a: StreamAssignment):
+    """What the CPU issues, in order: ``(node, its stream op or None, stream, is device work)``
+    for every node of the reading (the input of :func:`build_items`)."""
+    syncs, stream = a.syncs, a.stream
+    for node in a.nodes:
+        call = syncs.get(node)
+        yield node, call, stream[node], call is None and _is_device_work(a, node)
+
+
+def build_items(steps, times, profile: DeviceProfile, cpu_launch: bool, serial: bool) -> list[_Item]:
+    """The simulator's items for ``steps`` (see :func:`graph_steps`; a step's key needs only a
+    ``name`` and an entry in ``times``, so a plan's syncs can be priced before they exist)."""
     items: list[_Item] = []
     last_on: dict[int, _Item] = {}
     last_record: dict[int, _Item] = {}
-    for node in a.nodes:
-        call = a.syncs.get(node)
+    for node, call, stream, work in steps:
         t = times[node]
         if call is None:
-            if not _is_device_work(a, node):
+            if not work:
                 continue
-            s = AMBIENT if serial else a.stream[node]
+            s = AMBIENT if serial else stream
             cpu = min(t, profile.launch_overhead) if cpu_launch else 0.0
             item = _Item(node, s, t - cpu, cpu, "kernel")
             last_on[s] = item
@@ -95,7 +103,7 @@ def _build_items(
             continue  # one stream needs no syncs
         target = call.target
         if target in _DEVICE_SYNCS:
-            s = a.stream[node]
+            s = stream
             item = _Item(
                 node,
                 s,
@@ -128,7 +136,8 @@ def _build_items(
     return items
 
 
-def _run(items: list[_Item], streams: list[int]) -> float:
+def run_items(items: list[_Item], streams: list[int]) -> float:
+    """Play ``items`` (sets each one's issue, start and end times); returns when the CPU is done."""
     queues: dict[int, list[_Item]] = {s: [] for s in streams}
     head = {s: 0 for s in streams}
     busy: dict[int, _Item | None] = {s: None for s in streams}
@@ -195,6 +204,30 @@ def _run(items: list[_Item], streams: list[int]) -> float:
     if blocked is not None:  # pragma: no cover - gates are always issued earlier
         raise AssertionError(f"CPU blocked forever on {blocked.node.name}")
     return cpu_end
+
+
+def ideal_makespan(nodes, stream, preds, times, profile: DeviceProfile, cpu_launch: bool) -> float:
+    """The makespan of ``nodes`` (in issue order) on ``stream[n]``, each starting when its
+    ``preds`` on other streams have ended, with no sync issued: a lower bound on the simulated
+    makespan of the same work after any sync plan. Every start is a max over earlier ends and
+    issue times, so adding a sync (a gate, or CPU time in front of later launches) can only
+    delay it.
+
+    >>> from streampass.sim.cost import PROFILES
+    >>> t = {"a": 10e-6, "b": 10e-6, "c": 10e-6}
+    >>> ideal_makespan(["a", "b", "c"], {"a": 0, "b": 1, "c": 0}, {"c": ["a", "b"]}, t, PROFILES["h100"], False)
+    2e-05
+    """
+    items: dict = {}
+    for n in nodes:
+        t = times[n]
+        cpu = min(t, profile.launch_overhead) if cpu_launch else 0.0
+        s = stream[n]
+        item = items[n] = _Item(n, s, t - cpu, cpu, "kernel")
+        item.gates = [items[u] for u in preds.get(n, ()) if stream[u] != s]
+    its = list(items.values())
+    cpu_end = run_items(its, sorted(set(stream[n] for n in nodes)) or [AMBIENT])
+    return max([cpu_end] + [it.end for it in its])
 
 
 def _dependencies(a: StreamAssignment) -> list[tuple[str, Node, Node]]:
@@ -279,10 +312,10 @@ def simulate(
     times = {n: model.node_time(n) for n in a.nodes}
     profile = model.profile
 
-    items = _build_items(a, times, profile, cpu_launch, serial=False)
-    cpu_end = _run(items, a.streams)
-    serial_items = _build_items(a, times, profile, cpu_launch, serial=True)
-    serial_cpu_end = _run(serial_items, [AMBIENT])
+    items = build_items(graph_steps(a), times, profile, cpu_launch, serial=False)
+    cpu_end = run_items(items, a.streams)
+    serial_items = build_items(graph_steps(a), times, profile, cpu_launch, serial=True)
+    serial_cpu_end = run_items(serial_items, [AMBIENT])
     serial_time = max([serial_cpu_end] + [it.end for it in serial_items])
 
     slots: dict[str, Slot] = {}

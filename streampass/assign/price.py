@@ -1,0 +1,239 @@
+"""Price a candidate assignment without building it: the planner's sync plan for the candidate's
+streams, played by the simulator as if :mod:`streampass.transform.apply` had inserted it.
+
+This is what ``annotated_copy`` + ``streampass.run`` + ``simulate`` compute (the same planner,
+the same simulator items, the same memory estimate; ``tests/test_assign_price.py`` checks they
+agree on random graphs), less the edit, which is nine tenths of ``run``'s time: a candidate costs
+a plan and a simulation of the graph's nodes, not a copied, rewritten and recompiled module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping
+from operator import getitem
+
+import torch.fx
+
+from streampass import ops
+from streampass.analysis.reading import StreamAssignment, annotated_stream
+from streampass.assign.memory import live_peak, ordering_deps
+from streampass.ops import AMBIENT
+from streampass.sim.cost import CostModel
+from streampass.sim.simulate import build_items, graph_steps, ideal_makespan, run_items
+from streampass.transform.apply import WRAPPABLE
+from streampass.transform.plan import PlannedRecord, PlannedWait, SyncPlan
+from streampass.transform.planner import plan_syncs
+
+Node = torch.fx.Node
+
+
+@dataclasses.dataclass(eq=False)
+class Priced:
+    """One candidate's price: the simulated makespan after its sync plan, the syncs, the memory."""
+
+    makespan: float
+    waits: int
+    records: int
+    peak_bytes: int
+    plan: SyncPlan
+
+
+class _Planned:
+    """A sync of the plan, standing in for the node ``apply`` would make (the simulator needs a name)."""
+
+    __slots__ = ("name", "sync")
+
+    def __init__(self, name: str, sync: PlannedWait | PlannedRecord):
+        self.name, self.sync = name, sync
+
+
+def restreamed(a: StreamAssignment, streams: Mapping[Node, int]) -> StreamAssignment:
+    """``a`` with the given compute nodes moved: what :func:`streampass.read_streams` reads from a
+    copy of the graph annotated with ``streams`` (views and getitems carry no annotation of
+    their own, so their stream does not change).
+
+    >>> import torch, streampass as sp
+    >>> gm = torch.fx.symbolic_trace(lambda x: x.sin() + x.cos())
+    >>> a = sp.read_streams(gm)
+    >>> sin = a.node_named("sin")
+    >>> restreamed(a, {sin: 2}).streams, a.streams
+    ([0, 2], [0])
+    """
+    return dataclasses.replace(a, stream={**a.stream, **streams})
+
+
+def hoisted(a: StreamAssignment) -> StreamAssignment:
+    """``a`` as :func:`streampass.read_streams` reads the graph after ``run`` has moved every
+    ``get_attr`` up to the inputs (``transform.pipeline.hoist_attributes``): the order ``run``
+    plans in. A moved ``get_attr`` is outside every fork/join region there: its own annotation
+    or the ambient stream.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> class M(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__(); self.w = torch.nn.Parameter(torch.ones(2, 2))
+    ...     def forward(self, x):
+    ...         return x.sin() @ self.w
+    >>> a = sp.read_streams(make_fx(M())(torch.ones(2, 2)))
+    >>> [n.op for n in a.nodes][:3], [n.op for n in hoisted(a).nodes][:3]
+    (['placeholder', 'call_function', 'get_attr'], ['placeholder', 'get_attr', 'call_function'])
+    """
+    lead = list(itertools.takewhile(lambda n: n.op in ("placeholder", "get_attr"), a.nodes))
+    rest = a.nodes[len(lead) :]
+    moved = [n for n in rest if n.op == "get_attr"]
+    if not moved:
+        return a
+    nodes = lead + moved + [n for n in rest if n.op != "get_attr"]
+    stream = dict(a.stream)
+    for n in moved:
+        stream[n] = annotated_stream(n) or AMBIENT
+    return dataclasses.replace(a, nodes=nodes, stream=stream, position={n: i for i, n in enumerate(nodes)})
+
+
+def plan_steps(a: StreamAssignment, plan: SyncPlan):
+    """:func:`streampass.sim.simulate.graph_steps` of the graph as ``apply`` would leave it:
+    records at entry right after the leading inputs, each wait right before its node (in plan
+    order), each other record right after its anchor or its wait; several inserted at one
+    place each go right after it, so the last planned comes first."""
+    before: dict[Node, list[PlannedWait]] = {}
+    for w in plan.waits:
+        before.setdefault(w.before, []).append(w)
+    after: dict[object, list[PlannedRecord]] = {}
+    entry: list[PlannedRecord] = []
+    for r in plan.records:
+        if r.after is not None:
+            after.setdefault(r.after, []).insert(0, r)
+        elif r.anchor is not None and r.anchor.op in ("placeholder", "get_attr"):
+            entry.insert(0, r)
+        else:
+            after.setdefault(r.anchor, []).insert(0, r)
+    names = itertools.count()
+
+    def record(r: PlannedRecord):
+        yield (
+            _Planned(f"record#{next(names)}", r),
+            ops.SyncCall(ops.RECORD_EVENT, (r.event, r.stream), None, None),
+            (r.stream),
+            False,
+        )
+
+    def wait(w: PlannedWait):
+        call = ops.SyncCall(ops.WAIT_EVENT, (w.record.event, w.stream), None, None)
+        yield _Planned(f"wait#{next(names)}", w), call, w.stream, False
+        for r in after.get(w, ()):
+            yield from record(r)
+
+    leading = True
+    for step in graph_steps(a):
+        node = step[0]
+        if leading and node.op not in ("placeholder", "get_attr"):
+            leading = False
+            for r in entry:
+                yield from record(r)
+        for w in before.get(node, ()):
+            yield from wait(w)
+        yield step
+        for r in after.get(node, ()):
+            yield from record(r)
+    if leading:
+        for r in entry:
+            yield from record(r)
+
+
+def encoded_holds(steps, issued: Mapping) -> list[tuple[float, list[Node]]]:
+    """What the edit's ordering dependencies hold (``transform.apply``'s ``encode``): every sync
+    of a stream is ordered after the work issued on that stream since its previous sync (and a
+    ``wait_stream`` after the other stream's too), and holds it until the sync is issued. Its
+    existing dependencies (a ``control_deps`` wrapper's first argument) stay."""
+    holds = []
+    pending: dict[int, list[Node]] = {}
+    for key, call, stream, _ in steps:
+        if call is None or call.target not in WRAPPABLE:
+            if call is None and key.op in ("call_function", "call_method", "call_module") and key.target is not getitem:
+                pending.setdefault(stream, []).append(key)
+            continue
+        deps = pending.pop(stream, [])
+        if call.target is ops.WAIT_STREAM:
+            deps = deps + pending.get(call.args[1], [])
+        if call.wrapper is not None:
+            deps = deps + ordering_deps(call.wrapper)
+        if key in issued and deps:
+            holds.append((issued[key], deps))
+    return holds
+
+
+class Pricer:
+    """Prices candidates of one graph: ``Pricer(a, model)(streams)`` -> :class:`Priced`.
+
+    ``times``: node -> cost-model seconds, computed once (``known`` may pass the ones a
+    :class:`~streampass.assign.dag.WorkGraph` already has).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> m = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+    >>> gm = make_fx(lambda x, w: x @ w + x @ w.t())(m, m)
+    >>> price = Pricer(sp.read_streams(gm), CostModel())
+    >>> mm = price.a.node_named("mm")
+    >>> one, two = price({}), price({mm: 1})
+    >>> one.waits, two.waits > 0, two.makespan < one.makespan
+    (0, True, True)
+    """
+
+    def __init__(self, a: StreamAssignment, model: CostModel, cpu_launch: bool = True, known=None):
+        self.a, self.model, self.cpu_launch = hoisted(a), model, cpu_launch
+        known = known or {}
+        self.times: dict = {n: known[n] if n in known else model.node_time(n) for n in a.nodes}
+        self.cpu_floor: float | None = None
+        self.sizes: dict[Node, int] = {}
+
+    def bound(self, w, streams: Mapping[Node, int]) -> float:
+        """A lower bound on ``self(streams).makespan`` for a candidate over the whole
+        :class:`~streampass.assign.dag.WorkGraph` ``w`` (node -> stream for every compute node),
+        without planning: the larger of
+
+        - the work on its streams with every cross-stream dependency met for free
+          (:func:`~streampass.sim.simulate.ideal_makespan`), and
+        - with ``cpu_launch``, the CPU's own time: every launch and existing sync, plus a record
+          and a wait for each stream the graph did not have (its work must be joined back
+          before the return, through an event of its own).
+        """
+        profile = self.model.profile
+        ideal = ideal_makespan(w.nodes, streams, w.preds, w.time, profile, self.cpu_launch)
+        if not self.cpu_launch:
+            return ideal
+        if self.cpu_floor is None:  # what the simulator's CPU spends on the graph as it is
+            items = build_items(graph_steps(self.a), self.times, profile, True, serial=False)
+            self.cpu_floor = sum(it.cpu for it in items)
+        new = len(set(streams.values()) - set(self.a.streams))
+        return max(ideal, self.cpu_floor + 2 * new * profile.sync_cost)
+
+    def __call__(self, streams: Mapping[Node, int]) -> Priced:
+        a = restreamed(self.a, streams) if streams else self.a
+        plan = plan_syncs(a)
+        profile = self.model.profile
+        steps = list(plan_steps(a, plan))
+        times = self.times
+        for key, *_ in steps:
+            if isinstance(key, _Planned):
+                times[key] = profile.sync_cost
+        items = build_items(steps, times, profile, self.cpu_launch, serial=False)
+        cpu_end = run_items(items, a.streams)
+        for key, *_ in steps:
+            if isinstance(key, _Planned):
+                del times[key]
+        makespan = max([cpu_end] + [it.end for it in items])
+        span = {it.node: (it.start, it.end) for it in items}
+        key_of = {k.sync: k for k in span if isinstance(k, _Planned)}
+        holds = encoded_holds(steps, {it.node: it.issued for it in items})
+        for gate in set(plan.keepalive) | set(plan.protect):
+            key = key_of.get(gate, gate)
+            if key in span:
+                values = list(plan.keepalive.get(gate, ())) + [
+                    v for _, v in plan.protect.get(gate, ()) if v is not None
+                ]
+                holds.append((span[key][1], values))
+        peak = live_peak(a, span, makespan, holds, self.sizes)
+        return Priced(makespan, len(plan.waits), len(plan.records), peak, plan)
