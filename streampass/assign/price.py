@@ -22,7 +22,7 @@ from streampass.assign.memory import live_peak, ordering_deps
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel
 from streampass.sim.simulate import build_items, graph_steps, ideal_makespan, run_items
-from streampass.transform.apply import WRAPPABLE
+from streampass.transform.encoding import WRAPPABLE, last_work
 from streampass.transform.plan import PlannedRecord, PlannedWait, SyncPlan
 from streampass.transform.planner import plan_syncs
 
@@ -146,8 +146,9 @@ def plan_steps(a: StreamAssignment, plan: SyncPlan):
 def encoded_holds(steps, issued: Mapping) -> list[tuple[float, list[Node]]]:
     """What the edit's ordering dependencies hold (``transform.apply``'s ``encode``): every sync
     of a stream is ordered after the work issued on that stream since its previous sync (and a
-    ``wait_stream`` after the other stream's too), and holds it until the sync is issued. Its
-    existing dependencies (a ``control_deps`` wrapper's first argument) stay."""
+    ``wait_stream`` after the other stream's too), through the part of it nothing later in it
+    reads (``last_work``), and holds those tensors until the sync is issued. Its existing
+    dependencies (a ``control_deps`` wrapper's first argument) stay."""
     holds = []
     pending: dict[int, list[Node]] = {}
     for key, call, stream, _ in steps:
@@ -155,9 +156,9 @@ def encoded_holds(steps, issued: Mapping) -> list[tuple[float, list[Node]]]:
             if call is None and key.op in ("call_function", "call_method", "call_module") and key.target is not getitem:
                 pending.setdefault(stream, []).append(key)
             continue
-        deps = pending.pop(stream, [])
+        deps = last_work(pending.pop(stream, []))
         if call.target is ops.WAIT_STREAM:
-            deps = deps + pending.get(call.args[1], [])
+            deps = deps + last_work(pending.get(call.args[1], []))
         if call.wrapper is not None:
             deps = deps + ordering_deps(call.wrapper)
         if key in issued and deps:

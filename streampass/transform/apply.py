@@ -27,15 +27,13 @@ from streampass import ops, values
 from streampass.analysis.reading import StreamAssignment
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
+from streampass.transform.encoding import WRAPPABLE, last_work
 from streampass.transform.plan import SyncPlan
 from streampass.transform.reading_after import check_region, reading_after
 from streampass.transform.subgraphs import attr_of, free_attr, sync_subgraph
 
 Node = torch.fx.Node
 _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_default", operator.getitem: "getitem"}
-WRAPPABLE = frozenset(
-    {ops.RECORD_EVENT, ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE}
-)
 
 
 def _set_stream(node: Node, s: int) -> None:
@@ -146,14 +144,14 @@ class _Editor:
                     # it after the records that cover it as an input.
                     pending.setdefault(s, []).append(n)
                 continue
-            deps = list(pending.pop(s, []))
+            deps = last_work(pending.pop(s, []))
             if s in last_sync:
                 deps.append(last_sync[s])
             if call.target in (ops.WAIT_EVENT, ops.SYNC_EVENT) and call.args[0] in last_record:
                 deps.append(last_record[call.args[0]])
             elif call.target is ops.WAIT_STREAM:
                 other = call.args[1]
-                deps += pending.get(other, []) + ([last_sync[other]] if other in last_sync else [])
+                deps += last_work(pending.get(other, [])) + ([last_sync[other]] if other in last_sync else [])
             # A use an earlier wait already rerouted now reads that wait's getitem: thread
             # the getitem through this wait too, so the user follows both.
             mine = [(user, inp, self.read_as.get((user, inp), inp)) for user, inp in rewires.get(n, ())]
