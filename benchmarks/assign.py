@@ -121,7 +121,7 @@ GRAPHS = {
     "transformer block": transformer,
     "ResNet bottleneck fw+bw": resnet_fw_bw,
 }
-REPEAT = 3
+REPEAT = 5
 
 
 BASELINES = {
