@@ -119,3 +119,22 @@ def test_candidates_that_cannot_win_are_skipped_not_priced():
     assert choice.skipped, choice.explain()
     assert all(bound > choice.single_stream for _, bound in choice.skipped)
     assert "not priced" in choice.explain()
+
+
+def _aten_100us(node):
+    import torch
+
+    target = node.target
+    return 1e-4 if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten" else None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gm=graphs, max_streams=st.integers(2, 4), big=st.booleans())
+def test_skipping_by_lower_bound_changes_no_choice(gm, max_streams, big):
+    model = CostModel("h100", overrides=_aten_100us) if big else CostModel("h100")
+    quick = sp.assign_streams(gm, model, max_streams=max_streams)
+    every = sp.assign_streams(gm, model, max_streams=max_streams, exhaustive=True)
+    assert not every.skipped
+    assert (quick.streams, quick.candidate) == (every.streams, every.candidate)
+    assert (quick.makespan, quick.waits, quick.peak_bytes) == (every.makespan, every.waits, every.peak_bytes)
+    assert len(quick.candidates) + len(quick.skipped) == len(every.candidates)

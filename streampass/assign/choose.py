@@ -183,6 +183,7 @@ def assign_streams(
     cpu_launch: bool = True,
     external_events=(),
     side_streams: Iterable[int] | None = None,
+    exhaustive: bool = False,
 ) -> StreamChoice:
     """Choose a stream for every compute node of ``gm``; ``gm`` is not edited.
 
@@ -198,6 +199,8 @@ def assign_streams(
     peak memory exceeds ``memory_budget`` bytes are left out.
     ``side_streams``: the indices side streams may take, in order of preference (default: the
     smallest the graph does not use); a compiler passes indices it knows are free at run time.
+    Candidates whose lower bound cannot come within :data:`TIE` of the fastest are not priced
+    (``StreamChoice.skipped``); ``exhaustive=True`` prices every one, for the same choice, slower.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -224,9 +227,11 @@ def assign_streams(
     slots = cand.stream_slots(a, max_streams, side_streams)
     free = frozenset(n.name for n in w.free)
     budget = float("inf") if memory_budget is None else memory_budget
-    search = _Search(gm, a, w, free, model, cpu_launch, events, budget)
+    search = _Search(gm, a, w, free, model, cpu_launch, events, budget, prune=not exhaustive)
     single = search.price("one stream", *cand.one_stream(w))
-    search.batch(list(generate(w, slots))[1:])
+    # Against the fastest multi-stream candidate, not one stream: the leaders below are the
+    # multi-stream candidates tied with it, and must be the same as if every one were priced.
+    search.batch(list(generate(w, slots))[1:], than=lambda e: e is not single)
     # Local search: move each side stream of the leaders (the candidates tied with the fastest,
     # at most LEADERS of them, least memory first) back to the ambient stream.
     moves = []
@@ -237,7 +242,8 @@ def assign_streams(
                 moves.append((f"{lead.name}, stream {s} ambient", *cand.demote(w, by_node, s)))
     search.batch(moves)
     if not any(e.peak_bytes <= budget for e in search.tried.values()):
-        search.batch(search.skipped.values(), prune=False)  # the least memory may be among them
+        search.prune = False  # the least memory may be among the skipped
+        search.batch(search.skipped.values())
     evals = list(search.tried.values())
     best = _pick(evals, single, budget)
     note = ""
@@ -275,9 +281,9 @@ class _Search:
     (:meth:`~streampass.assign.price.Pricer.bound`) cannot come within :data:`TIE` of the
     fastest priced: skipping them changes nothing :func:`_pick` could choose."""
 
-    def __init__(self, gm, a, w: WorkGraph, free, model: CostModel, cpu_launch, events, budget):
+    def __init__(self, gm, a, w: WorkGraph, free, model: CostModel, cpu_launch, events, budget, prune=True):
         self.gm, self.w, self.free, self.model = gm, w, free, model
-        self.cpu_launch, self.events, self.budget = cpu_launch, events, budget
+        self.cpu_launch, self.events, self.budget, self.prune = cpu_launch, events, budget, prune
         self.pricer = Pricer(a, model, cpu_launch, known=w.time)
         self.tried: dict[tuple, Evaluation] = {}
         self.skipped: dict[tuple, tuple] = {}  # key -> (name, bound, streams, notes)
@@ -307,10 +313,11 @@ class _Search:
             self.skipped.pop(key, None)
         return self.tried[key]
 
-    def batch(self, candidates, prune: bool = True) -> None:
-        """Price ``(name, streams, notes)`` candidates in order of lower bound, skipping the
-        ones that cannot matter."""
-        w = self.w
+    def batch(self, candidates, than=lambda e: True) -> None:
+        """Price ``(name, streams, notes)`` candidates in order of lower bound, skipping those
+        whose bound is more than :data:`TIE` above the fastest priced candidate for which
+        ``than`` holds (within the memory budget)."""
+        w, prune = self.w, self.prune
         todo = {}
         for name, streams, notes in candidates:
             key = tuple(sorted((n.name, s) for n, s in streams.items()))
@@ -319,7 +326,7 @@ class _Search:
             bound = self.pricer.bound(w, streams) if prune else 0.0
             todo[key] = (name, bound, streams, notes)
         for key, (name, bound, streams, notes) in sorted(todo.items(), key=lambda kv: kv[1][1]):
-            fits = [e.makespan for e in self.tried.values() if e.peak_bytes <= self.budget]
+            fits = [e.makespan for e in self.tried.values() if e.peak_bytes <= self.budget and than(e)]
             if prune and fits and bound > min(fits) * (1 + TIE):
                 self.skipped[key] = (name, bound, streams, notes)
             else:
