@@ -1,16 +1,17 @@
 """A simple estimate of a schedule's peak live memory (the simulator does not model memory).
 
 Each storage a kernel makes (not a view, not an in-place result) is live from the moment its
-producer starts (its output exists while the kernel writes it) until the end of the last node
-that uses it: a kernel reading it (through any view or alias) or a sync that carries it. That
-last part is the deferral to the join: ``streampass.run`` makes a value made on one stream and
-read on another ride through a wait on its producer's stream after the reads (``sync_dealloc``,
-or a wait's passthrough), and the value is live until that wait ends. Graph outputs stay live to
-the end of the schedule. Graph inputs and parameters are left out: they are the caller's memory,
-the same for every assignment. Not modelled: the caching allocator's reuse and fragmentation, and
-that Python frees a buffer when its last use is *issued*, not when it completes.
+producer starts (its output exists while the kernel writes it) until the last of: the end of a
+kernel reading it (through any view or alias), the end of a sync that carries it, and the issue
+of a sync ordered after it. The carrying is the deferral to the join: ``streampass.run`` makes a
+value made on one stream and read on another ride through a wait on its producer's stream after
+the reads (``sync_dealloc``, or a wait's passthrough), and the value is live until that wait
+ends. The ordering is the encoding: a ``control_deps`` sync takes the work it is ordered after as
+arguments, which the program holds until it calls the sync. Graph outputs stay live to the end
+of the schedule. Graph inputs and parameters are left out: they are the caller's memory, the
+same for every assignment. Not modelled: the caching allocator's reuse and fragmentation, and
+that Python frees a buffer when its last kernel read is *issued*, not when it completes.
 """
-
 from __future__ import annotations
 
 import contextlib
