@@ -13,6 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass.assign.choose import TIE
+from streampass.assign.fusion import fusion_groups
 from streampass.assign.memory import peak_bytes
 from streampass.runtime import run_serial
 from streampass.sim.cost import CostModel
@@ -198,3 +199,39 @@ def test_a_graph_already_run_keeps_its_syncs_and_streams(seed):
     assert choice.makespan <= choice.single_stream
     for a, b in zip(gm(*[x.clone() for x in inputs]), expected):
         torch.testing.assert_close(a, b)
+
+
+@SETTINGS
+@given(gm=graphs, seed=st.integers(0, 1000), max_streams=st.integers(2, 4))
+def test_keep_fusions_never_splits_what_inductor_fuses(gm, seed, max_streams):
+    _strip(gm, 0.0, seed)
+    inputs = random_inputs(gm, seed=seed)
+    expected = run_serial(copy.deepcopy(gm), *[x.clone() for x in inputs])
+    a = sp.read_streams(gm)
+    groups = fusion_groups(a)
+    choice = sp.assign_streams(gm, BIG, max_streams=max_streams, keep_fusions=True)
+    for group in groups:
+        if len({a.stream[n] for n in group if n.name not in choice.free}) > 1:
+            continue  # the graph itself places the group's fixed members on different streams
+        assert len({choice.streams[n.name] for n in group}) == 1, [(n.name, choice.streams[n.name]) for n in group]
+    assert choice.makespan <= choice.single_stream
+    choice.apply(gm)
+    assert sp.run(gm).ok and sp.verify(gm).ok
+    for got, want in zip(gm(*[x.clone() for x in inputs]), expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_keep_fusions_moves_a_split_chain_back_together_and_says_why():
+    def f(x, w1, w2):
+        a = (x @ w1).relu().mul(2).add(1)  # one fused kernel under inductor, after the matmul
+        b = (x @ w2).sigmoid()
+        return a.sum() + b.sum()
+
+    m = torch.empty(4096, 4096, device="meta")
+    gm = make_fx(f)(m, m, m)
+    choice = sp.assign_streams(gm, "h100", keep_fusions=True)
+    groups = fusion_groups(sp.read_streams(gm))
+    chain = next(g for g in groups if g[0].name == "relu")
+    assert [n.name for n in chain] == ["relu", "mul", "add", "sum_1"]
+    assert len({choice.streams[n.name] for n in chain}) == 1
+    assert choice.makespan < choice.single_stream

@@ -9,6 +9,7 @@ from test_compile_use import _job
 
 import streampass as sp
 import streampass.inductor as spi
+from streampass.assign.fusion import fusion_groups
 from streampass.assign.in_compile import AUTO_STREAMS
 from streampass.errors import StreamPassError
 from streampass.sim.cost import CostModel
@@ -68,6 +69,10 @@ def test_auto_streams_compile_equal_eager_and_are_verified(training):
         assert len(r.streams) == r.assigned["side_streams"] + 1
         assert all(s == 0 or s >= AUTO_STREAMS for s in r.streams)  # clear of dynamo's table
         assert sp.verify(r.verified_graph).ok and r.waits_added > 0
+        # What inductor will fuse is on one stream: it never fuses across streams.
+        a = sp.read_streams(r.verified_graph)
+        for group in fusion_groups(a):
+            assert len({a.stream[n] for n in group}) == 1, [(n.name, a.stream[n]) for n in group]
     assert ran > 0  # the planned syncs ran (CPU: as counted no-ops)
 
 

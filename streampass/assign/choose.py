@@ -19,6 +19,7 @@ from streampass.analysis.reading import read_streams
 from streampass.assign import candidates as cand
 from streampass.assign.dag import WorkGraph, work_graph
 from streampass.assign.evaluate import Evaluation, evaluate
+from streampass.assign.fusion import fusion_groups, keep_together
 from streampass.assign.price import Pricer
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
@@ -152,8 +153,14 @@ def _key(e: Evaluation, best: float):
     return (not tied, e.makespan if not tied else 0.0, e.peak_bytes, e.waits, e.makespan)
 
 
-def generate(w: WorkGraph, slots: list[int]):
-    """``(name, streams, notes)`` for every candidate the search prices first."""
+def generate(w: WorkGraph, slots: list[int], groups: list | None = None):
+    """``(name, streams, notes)`` for every candidate the search prices first; with ``groups``
+    (``assign.fusion``), each group of every candidate on one stream."""
+    if groups:
+        for name, streams, notes in generate(w, slots):
+            kept, why = keep_together(w, streams, groups)
+            yield name, kept, {**notes, **why}
+        return
     p = w.profile
     threshold = 2 * (p.launch_overhead + p.sync_cost)
     yield "one stream", *cand.one_stream(w)
@@ -184,6 +191,7 @@ def assign_streams(
     external_events=(),
     side_streams: Iterable[int] | None = None,
     exhaustive: bool = False,
+    keep_fusions: bool = False,
 ) -> StreamChoice:
     """Choose a stream for every compute node of ``gm``; ``gm`` is not edited.
 
@@ -201,6 +209,10 @@ def assign_streams(
     smallest the graph does not use); a compiler passes indices it knows are free at run time.
     Candidates whose lower bound cannot come within :data:`TIE` of the fastest are not priced
     (``StreamChoice.skipped``); ``exhaustive=True`` prices every one, for the same choice, slower.
+    ``keep_fusions=True`` places each chain of pointwise ops inductor would fuse as one unit
+    (:mod:`streampass.assign.fusion`: inductor never fuses across streams), in every candidate,
+    the single-stream one included (a free op fused with a fixed one joins its stream);
+    ``assign="auto"`` inside ``torch.compile`` sets it.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -228,10 +240,12 @@ def assign_streams(
     free = frozenset(n.name for n in w.free)
     budget = float("inf") if memory_budget is None else memory_budget
     search = _Search(gm, a, w, free, model, cpu_launch, events, budget, prune=not exhaustive)
-    single = search.price("one stream", *cand.one_stream(w))
+    groups = fusion_groups(a) if keep_fusions else None
+    first, *rest = generate(w, slots, groups)
+    single = search.price(*first)
     # Against the fastest multi-stream candidate, not one stream: the leaders below are the
     # multi-stream candidates tied with it, and must be the same as if every one were priced.
-    search.batch(list(generate(w, slots))[1:], than=lambda e: e is not single)
+    search.batch(rest, than=lambda e: e is not single)
     # Local search: move each side stream of the leaders (the candidates tied with the fastest,
     # at most LEADERS of them, least memory first) back to the ambient stream.
     moves = []
@@ -239,7 +253,10 @@ def assign_streams(
         by_node = {n: lead.streams[n.name] for n in w.nodes}
         for s in sorted(set(lead.streams.values()) - {AMBIENT}):
             if any(by_node[n] == s for n in w.free):
-                moves.append((f"{lead.name}, stream {s} ambient", *cand.demote(w, by_node, s)))
+                streams, notes = cand.demote(w, by_node, s)
+                if groups:  # a fixed member keeps its group on its stream
+                    streams, notes = keep_together(w, streams, groups)
+                moves.append((f"{lead.name}, stream {s} ambient", streams, notes))
     search.batch(moves)
     if not any(e.peak_bytes <= budget for e in search.tried.values()):
         search.prune = False  # the least memory may be among the skipped

@@ -62,8 +62,9 @@ def summary(choice: StreamChoice | None) -> dict | None:
 
 
 def assign_in_place(gm: torch.fx.GraphModule, cost, max_streams: int) -> StreamChoice:
-    """Choose streams for ``gm``'s unplaced nodes (side streams from :data:`AUTO_STREAMS` up)
-    and write them as annotations; the pass then plans the syncs as for a user's own streams.
+    """Choose streams for ``gm``'s unplaced nodes (side streams from :data:`AUTO_STREAMS` up,
+    what inductor will fuse kept together) and write them as annotations; the pass then plans
+    the syncs as for a user's own streams.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -73,6 +74,8 @@ def assign_in_place(gm: torch.fx.GraphModule, cost, max_streams: int) -> StreamC
     >>> sp.read_streams(gm).streams == [0, AUTO_STREAMS], sp.run(gm).ok
     (True, True)
     """
-    choice = assign_streams(gm, cost, max_streams=max_streams, side_streams=range(AUTO_STREAMS, EVENT_BASE))
+    choice = assign_streams(
+        gm, cost, max_streams=max_streams, side_streams=range(AUTO_STREAMS, EVENT_BASE), keep_fusions=True
+    )
     choice.apply(gm)
     return choice

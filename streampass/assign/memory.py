@@ -12,6 +12,7 @@ of the schedule. Graph inputs and parameters are left out: they are the caller's
 same for every assignment. Not modelled: the caching allocator's reuse and fragmentation, and
 that Python frees a buffer when its last kernel read is *issued*, not when it completes.
 """
+
 from __future__ import annotations
 
 import contextlib
