@@ -23,6 +23,7 @@ from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel
 from streampass.sim.simulate import build_items, graph_steps, ideal_makespan, run_items
 from streampass.transform.encoding import WRAPPABLE, last_work
+from streampass.transform.pipeline import attributes_to_hoist
 from streampass.transform.plan import PlannedRecord, PlannedWait, SyncPlan
 from streampass.transform.planner import plan_syncs
 
@@ -81,12 +82,10 @@ def hoisted(a: StreamAssignment) -> StreamAssignment:
     >>> [n.op for n in a.nodes][:3], [n.op for n in hoisted(a).nodes][:3]
     (['placeholder', 'call_function', 'get_attr'], ['placeholder', 'get_attr', 'call_function'])
     """
-    lead = list(itertools.takewhile(lambda n: n.op in ("placeholder", "get_attr"), a.nodes))
-    rest = a.nodes[len(lead) :]
-    moved = [n for n in rest if n.op == "get_attr"]
+    lead, moved = attributes_to_hoist(a.nodes)
     if not moved:
         return a
-    nodes = lead + moved + [n for n in rest if n.op != "get_attr"]
+    nodes = lead + moved + [n for n in a.nodes[len(lead) :] if n.op != "get_attr"]
     stream = dict(a.stream)
     for n in moved:
         stream[n] = annotated_stream(n) or AMBIENT

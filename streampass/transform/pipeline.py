@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -156,18 +157,24 @@ def hoist_attributes(gm: torch.fx.GraphModule) -> bool:
     >>> hoist_attributes(gm), [n.op for n in gm.graph.nodes][:3], hoist_attributes(gm)
     (True, ['placeholder', 'get_attr', 'call_function'], False)
     """
-    last = None  # the last node of the leading run of inputs
-    moved = False
-    for node in list(gm.graph.nodes):
-        if node.op in ("placeholder", "get_attr") and (last is None or node.prev is last):
-            last = node
-        elif node.op == "get_attr":
-            if last is None:
-                next(iter(gm.graph.nodes)).prepend(node)
-            else:
-                last.append(node)
-            last, moved = node, True
-    return moved
+    nodes = list(gm.graph.nodes)
+    lead, moved = attributes_to_hoist(nodes)
+    last = lead[-1] if lead else None
+    for node in moved:
+        if last is None:
+            nodes[0].prepend(node)
+        else:
+            last.append(node)
+        last = node
+    return bool(moved)
+
+
+def attributes_to_hoist(nodes: list[torch.fx.Node]) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """The leading run of inputs (placeholders and ``get_attr``), and the ``get_attr`` nodes
+    after it, in graph order: :func:`hoist_attributes` moves the second right after the first
+    (``assign.price.hoisted`` reads a graph as if it had)."""
+    lead = list(itertools.takewhile(lambda n: n.op in ("placeholder", "get_attr"), nodes))
+    return lead, [n for n in nodes[len(lead) :] if n.op == "get_attr"]
 
 
 def _run(gm, external_events, check, bind_runtime, recompile, given=None) -> RunResult:
