@@ -11,8 +11,8 @@ from streampass import ops
 
 Node = torch.fx.Node
 
-#: the stream ops the edit wraps in ``control_deps`` (the rest change only host-side state, or
-#: carry their tensor themselves)
+#: the stream ops the edit wraps in ``control_deps`` (the others: fork/join, which it erases, and
+#: ``record_stream``/``sync_dealloc``, which take their tensor as an argument of their own)
 WRAPPABLE = frozenset(
     {ops.RECORD_EVENT, ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE}
 )
