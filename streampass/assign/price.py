@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import ChainMap
 from collections.abc import Mapping
 from operator import getitem
 
@@ -215,15 +216,9 @@ class Pricer:
         plan = plan_syncs(a)
         profile = self.model.profile
         steps = list(plan_steps(a, plan))
-        times = self.times
-        for key, *_ in steps:
-            if isinstance(key, _Planned):
-                times[key] = profile.sync_cost
-        items = build_items(steps, times, profile, self.cpu_launch, serial=False)
+        planned = {key: profile.sync_cost for key, *_ in steps if isinstance(key, _Planned)}
+        items = build_items(steps, ChainMap(planned, self.times), profile, self.cpu_launch, serial=False)
         cpu_end = run_items(items, a.streams)
-        for key, *_ in steps:
-            if isinstance(key, _Planned):
-                del times[key]
         makespan = max([cpu_end] + [it.end for it in items])
         span = {it.node: (it.start, it.end) for it in items}
         key_of = {k.sync: k for k in span if isinstance(k, _Planned)}
