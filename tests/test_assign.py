@@ -13,7 +13,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass.assign.choose import TIE
-from streampass.assign.fusion import fusion_groups
+from streampass.assign.fusion import fused_cost, fusion_groups
 from streampass.assign.memory import peak_bytes
 from streampass.runtime import run_serial
 from streampass.sim.cost import CostModel
@@ -215,6 +215,8 @@ def test_keep_fusions_never_splits_what_inductor_fuses(gm, seed, max_streams):
             continue  # the graph itself places the group's fixed members on different streams
         assert len({choice.streams[n.name] for n in group}) == 1, [(n.name, choice.streams[n.name]) for n in group]
     assert choice.makespan <= choice.single_stream
+    # the schedule built the direct way (copy, run, simulate) prices with the same fused costs
+    assert choice.schedule.makespan == pytest.approx(choice.makespan, rel=1e-9)
     choice.apply(gm)
     assert sp.run(gm).ok and sp.verify(gm).ok
     for got, want in zip(gm(*[x.clone() for x in inputs]), expected):
@@ -235,3 +237,65 @@ def test_keep_fusions_moves_a_split_chain_back_together_and_says_why():
     assert [n.name for n in chain] == ["relu", "mul", "add", "sum_1"]
     assert len({choice.streams[n.name] for n in chain}) == 1
     assert choice.makespan < choice.single_stream
+
+
+def _matmul_next_to_a_chain(k: int = 8):
+    """A 4096 matmul next to a chain of ``k`` (mul, relu) pairs on a 1024x1024 tensor, bf16."""
+
+    def f(x, w, y):
+        a, b = x @ w, y
+        for _ in range(k):
+            b = (b * 1.5).relu()
+        return a, b
+
+    big = torch.empty(4096, 4096, device="meta", dtype=torch.bfloat16)
+    return make_fx(f)(big, big, torch.empty(1024, 1024, device="meta", dtype=torch.bfloat16))
+
+
+def test_fused_cost_prices_a_chain_as_one_kernel():
+    gm = _matmul_next_to_a_chain()
+    a = sp.read_streams(gm)
+    base = CostModel("h100")
+    (chain,) = fusion_groups(a)
+    fused = fused_cost(a, [chain], base)
+    # reads y once and writes the chain's end once; the 14 ops in between cost nothing
+    one_tensor = 1024 * 1024 * 2
+    assert fused.node_time(chain[-1]) == base.kernel_time(0, 2 * one_tensor, torch.bfloat16)
+    assert all(fused.node_time(n) == 0.0 for n in chain[:-1])
+    mm = a.node_named("mm")
+    assert fused.node_time(mm) == base.node_time(mm)
+    assert sum(fused.node_time(n) for n in chain) < sum(base.node_time(n) for n in chain) / 10
+    # the model's own overrides still win
+    pinned = fused_cost(a, [chain], CostModel("h100", {chain[0].name: 1e-3}))
+    assert pinned.node_time(chain[0]) == 1e-3 and pinned.node_time(chain[-1]) == fused.node_time(chain[-1])
+    hook = fused_cost(a, [chain], BIG)
+    assert hook.node_time(chain[0]) == 1e-4  # BIG's callable prices every aten op
+
+
+def test_fused_cost_leaves_a_chain_the_graph_splits_priced_per_op():
+    def f(y):
+        with sp.stream(1):
+            b = y.exp()
+        with sp.stream(2):
+            c = b.relu()
+        return c.sigmoid()
+
+    gm = make_fx(f)(torch.empty(1024, 1024, device="meta"))
+    a = sp.read_streams(gm)
+    base = CostModel("h100")
+    (group,) = fusion_groups(a)
+    assert [n.name for n in group] == ["exp", "relu", "sigmoid"]
+    fused = fused_cost(a, [group], base)
+    assert [fused.node_time(n) for n in group] == [base.node_time(n) for n in group]
+
+
+def test_keep_fusions_does_not_pay_a_side_stream_for_ops_inductor_fuses():
+    """Priced per op, the chain looks like 16 kernels worth overlapping with the matmul; fused,
+    it is one small kernel, and a side stream for it no longer pays."""
+    gm = _matmul_next_to_a_chain()
+    per_op = sp.assign_streams(gm, "h100")
+    fused = sp.assign_streams(gm, "h100", keep_fusions=True)
+    assert per_op.used == [0, 1] and per_op.makespan < per_op.single_stream
+    assert fused.used == [0] and fused.waits == 0
+    assert fused.single_stream < per_op.makespan
+    assert fused.schedule.makespan == pytest.approx(fused.makespan, rel=1e-9)

@@ -19,7 +19,7 @@ from streampass.analysis.reading import read_streams
 from streampass.assign import candidates as cand
 from streampass.assign.dag import WorkGraph, work_graph
 from streampass.assign.evaluate import Evaluation, evaluate
-from streampass.assign.fusion import fusion_groups, keep_together
+from streampass.assign.fusion import fused_cost, fusion_groups, keep_together
 from streampass.assign.price import Pricer
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
@@ -211,7 +211,8 @@ def assign_streams(
     (``StreamChoice.skipped``); ``exhaustive=True`` prices every one, for the same choice, slower.
     ``keep_fusions=True`` places each chain of pointwise ops inductor would fuse as one unit
     (:mod:`streampass.assign.fusion`: inductor never fuses across streams), in every candidate,
-    the single-stream one included (a free op fused with a fixed one joins its stream);
+    the single-stream one included (a free op fused with a fixed one joins its stream), and
+    prices each such chain as the one kernel inductor makes of it (``fused_cost``);
     ``assign="auto"`` inside ``torch.compile`` sets it.
 
     >>> import torch, streampass as sp
@@ -235,12 +236,14 @@ def assign_streams(
     model = _model(cost)
     events = tuple(external_events) or tuple((gm.meta.get("streampass") or {}).get("external_events", ()))
     a = read_streams(gm, events)
+    groups = fusion_groups(a) if keep_fusions else None
+    if groups:
+        model = fused_cost(a, groups, model)
     w = work_graph(a, model)
     slots = cand.stream_slots(a, max_streams, side_streams)
     free = frozenset(n.name for n in w.free)
     budget = float("inf") if memory_budget is None else memory_budget
     search = _Search(gm, a, w, free, model, cpu_launch, events, budget, prune=not exhaustive)
-    groups = fusion_groups(a) if keep_fusions else None
     first, *rest = generate(w, slots, groups)
     single = search.price(*first)
     # Against the fastest multi-stream candidate, not one stream: the leaders below are the

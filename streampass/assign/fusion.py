@@ -9,6 +9,10 @@ pointwise input it reads (through views), and a reduction joins the group of its
 inputs. Matmuls, convolutions and other extern kernels stay on their own. Horizontal fusion
 (siblings reading the same input) is not modelled: splitting siblings costs a launch, not a
 round trip through memory.
+
+:func:`fused_cost` prices each group as the one kernel inductor makes of it, so that a candidate
+is not charged a launch and a round trip through memory for every op of a chain that will run as
+one kernel.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import torch
 import torch.fx
 
 from streampass.analysis.reading import StreamAssignment
-from streampass.assign.dag import WorkGraph
+from streampass.assign.dag import WorkGraph, fixed_streams
+from streampass.sim.cost import CostModel
 
 Node = torch.fx.Node
 
@@ -83,3 +88,69 @@ def keep_together(
                 out[n] = s
                 notes[n] = f"kept with {head.name} on its stream: inductor fuses them, and never across streams"
     return out, notes
+
+
+def fused_cost(a: StreamAssignment, groups: list[list[Node]], model: CostModel) -> CostModel:
+    """``model`` with each group priced as one kernel: the members' flops, the group's inputs
+    read once and the values it hands out (to other nodes or the output) written once, one
+    launch. The last member (in issue order) carries that time and the others cost nothing, so
+    the simulated kernel starts when the whole group's inputs are ready and launches once.
+    Groups the graph itself splits over streams (fixed members on different streams) stay
+    priced per op, as do nodes ``model``'s own overrides price.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> gm = make_fx(lambda x: x.exp().relu().sigmoid())(torch.empty(2**20, device="meta"))
+    >>> a, base = sp.read_streams(gm), CostModel("h100")
+    >>> fused = fused_cost(a, fusion_groups(a), base)
+    >>> exp, relu, sigmoid = [n for n in a.nodes if a.is_compute(n)]
+    >>> fused.node_time(exp), fused.node_time(sigmoid) == base.kernel_time(0, 2 * 4 * 2**20, torch.float32)
+    (0.0, True)
+    """
+    times: dict[str, float] = {}
+    group_of = {n: i for i, group in enumerate(groups) for n in group}
+
+    def source(n: Node) -> Node:  # the kernel that made the storage n reads
+        root = a.root.get(n, n)
+        return a.producer.get(root, root)
+
+    handed_out: set[Node] = set()  # members whose value a node outside their group reads
+    for n in a.nodes:
+        if a.is_compute(n) or n.op == "output":
+            for inp in n.all_input_nodes:
+                src = source(inp)
+                if src in group_of and group_of.get(n) != group_of[src]:
+                    handed_out.add(src)
+    fixed = {n: s for n, (s, _) in fixed_streams(a).items()}
+    for group in groups:
+        if len({fixed[n] for n in group if n in fixed}) > 1:
+            continue
+        read: dict[Node, int] = {}  # storage root -> the most of it a member reads
+        for n in group:
+            for inp in n.all_input_nodes:
+                root = a.root.get(inp, inp)
+                if source(inp) not in group:
+                    read[root] = max(read.get(root, 0), model.value_bytes(inp))
+        written = sum(model.value_bytes(n) for n in group if n in handed_out)
+        flops = sum(model.node_flops(n) for n in group)
+        dtype = next((v.dtype for v in (n.meta.get("val") for n in group) if isinstance(v, torch.Tensor)), None)
+        for n in group:
+            times[n.name] = 0.0
+        times[group[-1].name] = model.kernel_time(flops, sum(read.values()) + written, dtype)
+    return _with_times(model, times)
+
+
+def _with_times(model: CostModel, times: dict[str, float]) -> CostModel:
+    """A model that prices the nodes named in ``times`` so, unless ``model``'s overrides say."""
+    over = model.overrides
+    if over is None:
+        return CostModel(model.profile, dict(times))
+    if callable(over):
+
+        def chained(node: Node, over=over) -> float | None:
+            mine = over(node)
+            return mine if mine is not None else times.get(node.name)
+
+        chained.__qualname__ = getattr(over, "__qualname__", "overrides")
+        return CostModel(model.profile, chained)
+    return CostModel(model.profile, {**times, **over})

@@ -323,10 +323,32 @@ class CostModel:
             return 0.0
         n_bytes = sum(_tensor_bytes(t) for t in inputs + outputs)
         flops = self._flops(target, args, kwargs, out)
-        dtype = next((t.dtype for t in inputs + outputs), None)
+        return self.kernel_time(flops, n_bytes, next((t.dtype for t in inputs + outputs), None))
+
+    def kernel_time(self, flops: float, n_bytes: int, dtype: torch.dtype | None) -> float:
+        """Seconds for one kernel doing ``flops`` and moving ``n_bytes``: the roofline, plus
+        one launch (how every node is priced; also a fused kernel's price, ``assign.fusion``).
+
+        >>> CostModel("h100").kernel_time(0, 3.35e6, torch.float32) == 1e-6 + 5e-6
+        True
+        """
+        p = self.profile
         compute = flops / p.flops_for(dtype) if flops else 0.0
-        memory = n_bytes / p.mem_bandwidth
-        return max(compute, memory) + p.launch_overhead
+        return max(compute, n_bytes / p.mem_bandwidth) + p.launch_overhead
+
+    @staticmethod
+    def value_bytes(node: torch.fx.Node) -> int:
+        """Bytes of memory the tensors ``node`` produces cover (its metadata; 0 when missing)."""
+        return sum(_tensor_bytes(t) for t in _tensors(_node_value(node)))
+
+    def node_flops(self, node: torch.fx.Node) -> float:
+        """The floating-point operations of ``node`` by torch's flop registry (0 where it has no
+        formula or the metadata is missing)."""
+        out = _node_value(node) if node.op == "call_function" else None
+        if out is None:
+            return 0.0
+        args, kwargs = tree_map(self._arg_value, (node.args, node.kwargs))
+        return self._flops(node.target, args, kwargs, out)
 
     @staticmethod
     def _arg_value(a: Any) -> Any:
