@@ -49,6 +49,11 @@ def parser() -> argparse.ArgumentParser:
     asg.add_argument("--cost", default="h100", help="device profile to price with: h100, h200, a100, cpu")
     asg.add_argument("--max-streams", type=int, default=4, help="at most this many streams, ambient included")
     asg.add_argument(
+        "--keep-fusions",
+        action="store_true",
+        help="for a program you will torch.compile: keep what inductor fuses on one stream, priced as one kernel",
+    )
+    asg.add_argument(
         "--html", default="streampass-assign.html", metavar="PATH", help="write the HTML report here ('' for none)"
     )
     for cmd in (demo, insp, asg):

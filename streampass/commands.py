@@ -301,8 +301,9 @@ def assign(args: argparse.Namespace) -> int:
         raise UsageError(f"--cost: no device profile {args.cost!r}; known: {', '.join(sorted(PROFILES))}")
     gm = load_target(args.target, args.shapes, args.dtype, device="meta" if args.meta else "cpu")
     original = _copy(gm)
-    choice = assign_streams(gm, args.cost, max_streams=args.max_streams)
-    lines = [f"== streampass assign {args.target} ({args.cost}) ==", *choice.explain().splitlines()]
+    choice = assign_streams(gm, args.cost, max_streams=args.max_streams, keep_fusions=args.keep_fusions)
+    fused = ", inductor's fusions kept" if args.keep_fusions else ""
+    lines = [f"== streampass assign {args.target} ({args.cost}{fused}) ==", *choice.explain().splitlines()]
     choice.apply(gm)
     result = run(gm)
     lines += [
@@ -320,7 +321,7 @@ def assign(args: argparse.Namespace) -> int:
             gm,
             title=f"streampass assign {args.target}",
             lines=lines,
-            cost=args.cost,
+            cost=choice.model,
             cpu_launch=True,
         )
         print(f"HTML report: {path.resolve()}")

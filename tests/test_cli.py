@@ -80,6 +80,12 @@ def user_folder(tmp_path):
 
         def make_nothing():
             return 3
+
+        def matmul_and_chain(x, w, y):
+            a, b = x @ w, y
+            for _ in range(8):
+                b = (b * 1.5).relu()  # one kernel once inductor fuses the chain
+            return a, b
     """)
     )
     return tmp_path
@@ -142,6 +148,20 @@ def test_assign_chooses_streams_and_writes_the_report(user_folder):
     assert "hazards" not in out.stderr and "0 after" in out.stdout
     page = html.read_text(encoding="utf-8")
     assert '<section id="schedule">' in page and "streampass assign mymod:make_towers" in page
+
+
+def test_assign_keep_fusions_prices_the_chain_inductor_fuses_as_one_kernel(user_folder):
+    html = user_folder / "fused.html"
+    shapes = ("--shapes", "4096x4096,4096x4096,1024x1024", "--dtype", "bfloat16", "--meta")
+    per_op = _run("assign", "mymod:matmul_and_chain", *shapes, "--html", "", cwd=user_folder)
+    fused = _run("assign", "mymod:matmul_and_chain", *shapes, "--keep-fusions", "--html", str(html), cwd=user_folder)
+    assert per_op.returncode == 0 and fused.returncode == 0, per_op.stderr + fused.stderr
+    assert "with streams [0, 1]" in per_op.stdout, per_op.stdout  # 16 kernels worth overlapping
+    assert "with streams [0]" in fused.stdout and "inductor's fusions kept" in fused.stdout, fused.stdout
+    predicted = next(line for line in fused.stdout.splitlines() if line.startswith("predicted:"))
+    us = predicted.split(" us")[0].split()[-1]
+    # the report simulates the result with the model the choice was priced with
+    assert f"simulated makespan {us} us" in html.read_text(encoding="utf-8")
 
 
 def test_assign_keeps_small_programs_on_one_stream(user_folder):

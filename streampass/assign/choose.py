@@ -51,6 +51,9 @@ class StreamChoice:
         reasons: node name -> why it is on the stream it is on (fixed, critical path, too small, ...).
         free: the nodes the choice may place (the rest are fixed by the graph).
         seconds: wall time of the whole search.
+        model: the cost model the candidates were priced with (with ``keep_fusions``, the one
+            that prices what inductor fuses as one kernel): simulate the applied graph with it
+            to see the predicted schedule.
     """
 
     streams: dict[str, int]
@@ -66,6 +69,7 @@ class StreamChoice:
     seconds: float = 0.0
     note: str = ""
     skipped: list[tuple[str, float]] = field(default_factory=list, repr=False)
+    model: CostModel | None = field(default=None, repr=False)
 
     @property
     def makespan(self) -> float:
@@ -293,6 +297,7 @@ def assign_streams(
         free=free,
         seconds=time.perf_counter() - t0,
         note=note,
+        model=model,
     )
 
 

@@ -37,7 +37,7 @@ def _dag_body(dag, max_nodes: int, engine: str) -> str:
     )
 
 
-def _schedule_body(gm, cost: str, cpu_launch: bool) -> str | None:
+def _schedule_body(gm, cost, cpu_launch: bool) -> str | None:
     try:
         from streampass.sim.simulate import simulate
     except ImportError:
@@ -66,7 +66,7 @@ def build_report(
     *,
     title: str = "streampass report",
     lines: list[str] | None = None,
-    cost: str = "h100",
+    cost="h100",
     schedule: bool = True,
     cpu_launch: bool = False,
     max_nodes: int = MAX_NODES,
@@ -77,7 +77,7 @@ def build_report(
     ``before``: the graph as given (GraphModule or StreamDAG); ``after``: the graph after
     :func:`streampass.run` (omit to report one graph). ``lines``: a text summary shown at the
     top (the CLI passes what it printed). ``schedule``: add the simulated schedule of the final
-    graph (``cost`` profile; ``cpu_launch`` as for :func:`streampass.simulate`) when
+    graph (``cost``: a profile name or a ``CostModel``; ``cpu_launch`` as for :func:`streampass.simulate`) when
     :mod:`streampass.sim.simulate` is installed.
 
     >>> import torch, streampass as sp
@@ -119,7 +119,8 @@ def build_report(
     if schedule and hasattr(final, "graph"):
         body = _schedule_body(final, cost, cpu_launch)
         if body is not None:
-            sections.append(_section(f"Simulated schedule ({cost})", body, "schedule"))
+            profile = cost if isinstance(cost, str) else getattr(cost, "profile", cost).name
+            sections.append(_section(f"Simulated schedule ({profile})", body, "schedule"))
             nav.append(("schedule", "Schedule"))
     from streampass import __version__
 
