@@ -240,6 +240,8 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):  # the common case, without pytree's walk
+        return [tree]
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
 
@@ -313,7 +315,6 @@ class CostModel:
         out = _node_value(node)
         if out is None:
             return p.launch_overhead
-        args, kwargs = tree_map(self._arg_value, (node.args, node.kwargs))
         # Each input node counted once: a tensor passed twice (x + x) is read once.
         inputs = [t for n in node.all_input_nodes for t in _tensors(_node_value(n))]
         outputs = _tensors(out)
@@ -322,7 +323,7 @@ class CostModel:
             # run on the host and launch nothing.
             return 0.0
         n_bytes = sum(_tensor_bytes(t) for t in inputs + outputs)
-        flops = self._flops(target, args, kwargs, out)
+        flops = self._flops(node, out)
         return self.kernel_time(flops, n_bytes, next((t.dtype for t in inputs + outputs), None))
 
     def kernel_time(self, flops: float, n_bytes: int, dtype: torch.dtype | None) -> float:
@@ -345,17 +346,15 @@ class CostModel:
         """The floating-point operations of ``node`` by torch's flop registry (0 where it has no
         formula or the metadata is missing)."""
         out = _node_value(node) if node.op == "call_function" else None
-        if out is None:
-            return 0.0
-        args, kwargs = tree_map(self._arg_value, (node.args, node.kwargs))
-        return self._flops(node.target, args, kwargs, out)
+        return 0.0 if out is None else self._flops(node, out)
 
     @staticmethod
     def _arg_value(a: Any) -> Any:
         return _node_value(a) if isinstance(a, torch.fx.Node) else a
 
-    @staticmethod
-    def _flops(target: Any, args: Any, kwargs: Any, out: Any) -> float:
+    @classmethod
+    def _flops(cls, node: torch.fx.Node, out: Any) -> float:
+        target = node.target
         packet = getattr(target, "overloadpacket", target)
         try:
             formula = flop_registry.get(packet) or flop_registry.get(target)
@@ -363,6 +362,7 @@ class CostModel:
             return 0.0
         if formula is None:
             return 0.0
+        args, kwargs = tree_map(cls._arg_value, (node.args, node.kwargs))
         try:
             raw = getattr(formula, "__wrapped__", None)
             if raw is not None:
