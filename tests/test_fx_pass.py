@@ -76,3 +76,22 @@ def test_ensures_refuses_a_graph_left_with_hazards():
     assert info.value.node in {n.name for n in gm.graph.nodes}
     StreamSyncPass()(gm)
     StreamSyncPass().ensures(gm)
+
+
+def test_a_whole_call_reads_the_graph_once(monkeypatch):
+    """``PassManager`` calls the pass as a whole: one reading, handed to ``run``, whose final
+    check stands in for ``ensures``' verify; what it leaves verifies clean."""
+    import streampass.transform.fx_pass as fx_pass
+
+    reads, verifies = [], []
+    real_read, real_verify = fx_pass.read_streams, fx_pass.verify
+    monkeypatch.setattr(fx_pass, "read_streams", lambda *a, **k: reads.append(1) or real_read(*a, **k))
+    monkeypatch.setattr(fx_pass, "verify", lambda *a, **k: verifies.append(1) or real_verify(*a, **k))
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    gm = make_fx(branches)(x, w)
+    sync = StreamSyncPass()
+    result = PassManager([sync])(gm)
+    assert (len(reads), len(verifies)) == (1, 0)
+    assert result.modified and sync.last.ok and sync.last.waits_added > 0
+    assert sp.verify(result.graph_module).ok
+    torch.testing.assert_close(result.graph_module(x, w), branches(x, w))

@@ -3,6 +3,7 @@
 :class:`StreamSyncPass` follows torch.fx's pass protocol (``torch/fx/passes/infra/pass_base.py``):
 ``requires`` reads the graph's streams and refuses what streampass cannot plan, ``call`` plans
 and applies the syncs and returns a ``PassResult``, ``ensures`` verifies the result race-free.
+Called as a whole (what ``PassManager`` does) it does the three on one reading.
 Each step raises :class:`~streampass.errors.StreamPassError` naming the node at fault, which
 ``PassManager`` reports with the pass's name; a failed ``call`` leaves the graph as it was.
 
@@ -48,6 +49,18 @@ class StreamSyncPass(PassBase):
     bind_runtime: bool = True
     last: RunResult | None = field(default=None, repr=False)
 
+    def __call__(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        """``requires``, ``call`` and ``ensures`` on one reading: ``run`` plans from the reading
+        ``requires`` makes, and its final check (as strong as :func:`verify`, on the reading the
+        edit kept up to date) is what ``ensures`` would find, so the graph is read once, not
+        three times."""
+        a = read_streams(graph_module, external_events=self.external_events)
+        self.last = run(
+            graph_module, external_events=self.external_events, bind_runtime=self.bind_runtime, assignment=a
+        )
+        _raise_if_hazards(self.last.after)
+        return PassResult(graph_module, self.last.changed)
+
     def requires(self, graph_module: torch.fx.GraphModule) -> None:
         read_streams(graph_module, external_events=self.external_events)
 
@@ -56,7 +69,10 @@ class StreamSyncPass(PassBase):
         return PassResult(graph_module, self.last.changed)
 
     def ensures(self, graph_module: torch.fx.GraphModule) -> None:
-        report = verify(graph_module, external_events=self.external_events)
-        if not report.ok:
-            first = report.hazards[0]
-            raise StreamPassError(f"{len(report.hazards)} hazard(s) left: {first}", first.nodes[-1])
+        _raise_if_hazards(verify(graph_module, external_events=self.external_events))
+
+
+def _raise_if_hazards(report) -> None:
+    if not report.ok:
+        first = report.hazards[0]
+        raise StreamPassError(f"{len(report.hazards)} hazard(s) left: {first}", first.nodes[-1])
