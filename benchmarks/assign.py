@@ -6,7 +6,10 @@ critical path on the ambient stream with the rest round robin, each annotated on
 race-free by ``streampass.run`` and simulated (H100 profile, ``cpu_launch=True``), then
 ``streampass.assign_streams``. Prints a table and writes benchmarks/results/assign.json.
 
-    python benchmarks/assign.py [--max-streams 4]
+    python benchmarks/assign.py [--max-streams 4] [--keep-fusions]
+
+``--keep-fusions`` prices as ``assign="auto"`` does inside torch.compile: each chain inductor
+fuses stays on one stream (in the baselines too) and costs one kernel.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import streampass as sp
 from streampass.assign import candidates as cand
 from streampass.assign.dag import work_graph
 from streampass.assign.evaluate import evaluate
+from streampass.assign.fusion import fused_cost, fusion_groups, keep_together
 from streampass.sim.cost import CostModel
 from streampass.transform.assign_apply import annotated_copy, drop_streams
 
@@ -132,19 +136,27 @@ BASELINES = {
 }
 
 
-def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: int) -> dict:
+def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: int, fused: bool = False) -> dict:
+    """``fused``: as ``assign="auto"`` inside torch.compile prices: what inductor fuses kept on
+    one stream and priced as one kernel, in the baselines too (``assign.fusion``)."""
     a = sp.read_streams(gm)
+    groups = fusion_groups(a) if fused else []
+    if groups:
+        model = fused_cost(a, groups, model)
     w = work_graph(a, model)
     slots = cand.stream_slots(a, max_streams)
     free = {n.name for n in w.free}
     rows = {}
     for label, make in BASELINES.items():
         streams, _ = make(w, slots)
+        if groups:
+            streams, _ = keep_together(w, streams, groups)
         e = evaluate(gm, label, {n.name: s for n, s in streams.items()}, free, model)
         assert e.schedule.ok, (name, label)
         rows[label] = dict(makespan_us=e.makespan * 1e6, waits=e.waits, peak_mib=e.peak_bytes / 2**20, streams=e.used)
     # Best of REPEAT for both timings: the first call of either warms caches the other shares.
-    choices = [sp.assign_streams(gm, model, max_streams=max_streams) for _ in range(REPEAT)]
+    base = CostModel(model.profile) if groups else model
+    choices = [sp.assign_streams(gm, base, max_streams=max_streams, keep_fusions=fused) for _ in range(REPEAT)]
     choice = min(choices, key=lambda c: c.seconds)
     run_s = float("inf")
     for _ in range(REPEAT):
@@ -202,7 +214,12 @@ def pictures(folder: Path, model: CostModel, max_streams: int) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-streams", type=int, default=4)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "assign.json"))
+    ap.add_argument(
+        "--keep-fusions",
+        action="store_true",
+        help="price as assign='auto' inside torch.compile does: inductor's fusions kept and priced as one kernel",
+    )
+    ap.add_argument("--out", help="default: benchmarks/results/assign.json (assign_fused.json with --keep-fusions)")
     ap.add_argument(
         "--picture", metavar="DIR", help="also write the MoE layer's schedules (one stream, chosen) as SVG here"
     )
@@ -212,7 +229,7 @@ def main(argv=None) -> None:
         pictures(Path(args.picture), model, args.max_streams)
     results = []
     for name, build in GRAPHS.items():
-        results.append(measure(name, build(), model, args.max_streams))
+        results.append(measure(name, build(), model, args.max_streams, fused=args.keep_fusions))
     labels = [*BASELINES, "assign_streams"]
     print(f"{'graph':26} {'nodes':>5} {'CP us':>8} " + " ".join(f"{k[:18]:>22}" for k in labels) + "  assign/run")
     for r in results:
@@ -227,10 +244,15 @@ def main(argv=None) -> None:
             f"{'':41}winner: {r['rows']['assign_streams']['candidate']}, streams {r['rows']['assign_streams']['streams']}; "
             f"{r['candidates']} priced, {r['skipped']} skipped by their lower bound"
         )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    meta_info = dict(profile="h100", cpu_launch=True, max_streams=args.max_streams, torch=torch.__version__)
-    Path(args.out).write_text(json.dumps(dict(meta=meta_info, results=results), indent=1) + "\n")
-    print(f"wrote {args.out}")
+    default = "assign_fused.json" if args.keep_fusions else "assign.json"
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / default)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta_info = dict(
+        profile="h100", cpu_launch=True, max_streams=args.max_streams, keep_fusions=args.keep_fusions,
+        torch=torch.__version__,
+    )  # fmt: skip
+    out.write_text(json.dumps(dict(meta=meta_info, results=results), indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
