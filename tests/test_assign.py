@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
-from streampass.assign.choose import TIE
+from streampass.assign.choose import MEM_TIE, TIE
 from streampass.assign.fusion import fused_cost, fusion_groups
 from streampass.assign.memory import peak_bytes
 from streampass.runtime import run_serial
@@ -79,13 +79,16 @@ def test_applied_assignment_is_race_free_equal_and_keeps_fixed_streams(gm, keep,
     assert len({s for k, s in choice.streams.items() if k in choice.free}) <= max_streams
     assert choice.makespan <= choice.single_stream
     assert choice.schedule.ok
-    # The secondary terms: among the candidates tied with the fastest (within TIE), the choice
-    # has the least peak memory, then the fewest waits (unless one stream won outright).
+    # The secondary terms: among the candidates tied with the fastest (within TIE), those within
+    # MEM_TIE of the least peak memory; of them the fastest, then the fewest waits (unless one
+    # stream won outright).
     fastest = min(e.makespan for e in choice.candidates)
     tied = [e for e in choice.candidates if e.makespan <= fastest * (1 + TIE)]
+    lean = [e for e in tied if e.peak_bytes <= min(t.peak_bytes for t in tied) * (1 + MEM_TIE)]
     assert all(bound > fastest * (1 + TIE) for _, bound in choice.skipped)
-    if choice.candidate != "one stream" and choice.makespan <= fastest * (1 + TIE):
-        assert (choice.peak_bytes, choice.waits) == min((e.peak_bytes, e.waits) for e in tied)
+    if choice.candidate != "one stream":
+        assert choice.evaluation in lean
+        assert (choice.makespan, choice.waits) == min((e.makespan, e.waits) for e in lean)
 
     choice.apply(gm)
     result = sp.run(gm)
@@ -299,3 +302,27 @@ def test_keep_fusions_does_not_pay_a_side_stream_for_ops_inductor_fuses():
     assert fused.used == [0] and fused.waits == 0
     assert fused.single_stream < per_op.makespan
     assert fused.schedule.makespan == pytest.approx(fused.makespan, rel=1e-9)
+
+
+def _priced(name: str, makespan: float, peak: int, waits: int):
+    from streampass.assign.evaluate import Evaluation
+
+    return Evaluation(name, {}, makespan, waits, waits, peak, 0.0)
+
+
+def test_ties_a_megabyte_does_not_buy_a_slower_schedule_but_a_third_of_the_memory_does():
+    from streampass.assign.choose import _pick
+
+    single = _priced("one stream", 200.0, 1000, 0)
+    fast = _priced("fast", 100.0, 1000, 9)
+    leaner_by_a_little = _priced("a MiB less", 100.5, 999, 3)  # tied (0.5%), memory within MEM_TIE
+    assert _pick([single, fast, leaner_by_a_little], single, float("inf")) is fast
+    much_leaner = _priced("a third less", 100.5, 660, 3)
+    assert _pick([single, fast, leaner_by_a_little, much_leaner], single, float("inf")) is much_leaner
+    slower = _priced("slower, lean", 102.0, 500, 1)  # not tied with the fastest
+    assert _pick([single, fast, slower], single, float("inf")) is fast
+    same_time_fewer_waits = _priced("fewer waits", 100.0, 1020, 2)
+    assert _pick([single, fast, same_time_fewer_waits], single, float("inf")) is same_time_fewer_waits
+    lean_single = _priced("one stream", 200.0, 800, 0)
+    assert _pick([lean_single, fast], lean_single, budget=900) is lean_single  # the only one that fits
+    assert _pick([single, fast, much_leaner], single, budget=500) is much_leaner  # none fits: least memory

@@ -25,9 +25,12 @@ from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
 from streampass.sim.schedule import Schedule
 
-#: makespans within this share of the fastest count as equal: then less peak memory, then fewer
-#: waits win (1%: below what the cost model can tell apart, above what a deferred free costs)
+#: makespans within this share of the fastest count as equal, and then peak memory decides (1%:
+#: below what the cost model can tell apart, above what a deferred free costs)
 TIE = 1e-2
+#: among those, peaks within this share of the least count as equal, and then the faster wins,
+#: then the one with fewer waits: a megabyte saved does not buy a slower schedule
+MEM_TIE = 5e-2
 #: how many of the tied leaders the local search starts from
 LEADERS = 3
 
@@ -152,9 +155,23 @@ def _model(cost) -> CostModel:
     raise TypeError(f"cost must be a CostModel, a profile name or a DeviceProfile, got {type(cost).__name__}")
 
 
-def _key(e: Evaluation, best: float):
-    tied = e.makespan <= best * (1 + TIE)
-    return (not tied, e.makespan if not tied else 0.0, e.peak_bytes, e.waits, e.makespan)
+def _preference(evals: list[Evaluation]):
+    """The sort key of the search's preference over ``evals``: first the candidates tied with the
+    fastest (:data:`TIE`) whose peak is within :data:`MEM_TIE` of the least among those, fastest
+    first, then fewer waits; then the other tied ones, least memory first; then the rest by
+    makespan."""
+    fastest = min(e.makespan for e in evals)
+    tied = [e for e in evals if e.makespan <= fastest * (1 + TIE)]
+    lean = min(e.peak_bytes for e in tied) * (1 + MEM_TIE)
+
+    def key(e: Evaluation):
+        if e.makespan > fastest * (1 + TIE):
+            return (2, e.makespan, e.peak_bytes, e.waits)
+        if e.peak_bytes <= lean:
+            return (0, e.makespan, e.waits, e.peak_bytes)
+        return (1, e.peak_bytes, e.makespan, e.waits)
+
+    return key
 
 
 def generate(w: WorkGraph, slots: list[int], groups: list | None = None):
@@ -203,10 +220,11 @@ def assign_streams(
     stream, and existing stream ops stay. Every candidate (one stream; Nimble's chain cover;
     round robin over branches; critical path on the ambient stream; earliest-finish list
     scheduling; each with small branches merged back, docs/assign.md) uses at most
-    ``max_streams`` streams for the free nodes and is priced by ``streampass.run`` on a copy and
-    :func:`streampass.simulate` (``cpu_launch=True``: launches and syncs cost CPU time, so
-    tiny kernels do not pay for a side stream). The fastest wins; candidates within
-    :data:`TIE` of it count as equal, and then less peak memory, then fewer waits win. A
+    ``max_streams`` streams for the free nodes and is priced as ``streampass.run`` on a copy and
+    :func:`streampass.simulate` would price it (``cpu_launch=True``: launches and syncs cost CPU
+    time, so tiny kernels do not pay for a side stream). The fastest wins; candidates within
+    :data:`TIE` of it count as equal, and among them those within :data:`MEM_TIE` of the least
+    peak memory; of these the fastest, then the one with fewer waits, wins. A
     multi-stream choice must be strictly faster than one stream; candidates whose estimated
     peak memory exceeds ``memory_budget`` bytes are left out.
     ``side_streams``: the indices side streams may take, in order of preference (default: the
@@ -362,16 +380,15 @@ def _leaders(evals: list[Evaluation], single: Evaluation, budget: float) -> list
     ok = [e for e in evals if e.peak_bytes <= budget and e is not single]
     if not ok:
         return []
-    fastest = min(e.makespan for e in ok)
-    return sorted((e for e in ok if e.makespan <= fastest * (1 + TIE)), key=lambda e: _key(e, fastest))[:LEADERS]
+    key = _preference(ok)
+    return sorted((e for e in ok if key(e)[0] < 2), key=key)[:LEADERS]
 
 
 def _pick(evals: list[Evaluation], single: Evaluation, budget: float) -> Evaluation:
     ok = [e for e in evals if e.peak_bytes <= budget]
     if not ok:
         return min(evals, key=lambda e: (e.peak_bytes, e.makespan), default=single)
-    fastest = min(e.makespan for e in ok)
-    best = min(ok, key=lambda e: _key(e, fastest))
+    best = min(ok, key=_preference(ok))
     if single in ok and not best.makespan < single.makespan * (1 - 1e-9):
         return single  # streams must strictly pay
     return best
