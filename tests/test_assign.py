@@ -326,3 +326,33 @@ def test_ties_a_megabyte_does_not_buy_a_slower_schedule_but_a_third_of_the_memor
     lean_single = _priced("one stream", 200.0, 800, 0)
     assert _pick([lean_single, fast], lean_single, budget=900) is lean_single  # the only one that fits
     assert _pick([single, fast, much_leaner], single, budget=500) is much_leaner  # none fits: least memory
+
+
+def test_fusion_groups_never_join_a_forward_op_to_its_backward():
+    """A ReLU's backward reads the ReLU's output, but runs after the matmuls that need the ReLU:
+    one kernel of both would have to run before and after them, and inductor does not fuse so."""
+
+    def step(x, w1, w2):
+        h = (x @ w1).relu()
+        loss = ((h @ w2) * 2).sum()
+        return torch.autograd.grad(loss, [w1, w2])
+
+    m = torch.empty(64, 64)
+    gm = make_fx(step)(m, m.clone().requires_grad_(), m.clone().requires_grad_())
+    a = sp.read_streams(gm)
+    groups = fusion_groups(a)
+    backward = {n for n in a.nodes if "backward" in str(n.target)}
+    assert backward and groups
+    for group in groups:
+        assert not (backward & set(group)) or all("relu" not in n.name for n in group), [n.name for n in group]
+    # every group could be one kernel: nothing outside it both depends on it and feeds it
+    order = {n: i for i, n in enumerate(a.nodes)}
+    for group in groups:
+        first, last = order[group[0]], order[group[-1]]
+        inside = set(group)
+        for n in a.nodes[first:last]:
+            if n in inside or not a.is_compute(n):
+                continue
+            feeds = any(u in inside for u in n.users)
+            fed = any(i in inside for i in n.all_input_nodes)
+            assert not (feeds and fed), (n.name, [g.name for g in group])

@@ -6,7 +6,7 @@ does not show. ``assign_streams(..., keep_fusions=True)``, which ``assign="auto"
 
 The groups approximate inductor's vertical fusion: a pointwise op joins the group of every
 pointwise input it reads (through views), and a reduction joins the group of its pointwise
-inputs. Matmuls, convolutions and other extern kernels stay on their own. Horizontal fusion
+inputs, unless the merged group would have to run both before and after some other node. Matmuls, convolutions and other extern kernels stay on their own. Horizontal fusion
 (siblings reading the same input) is not modelled: splitting siblings costs a launch, not a
 round trip through memory.
 
@@ -33,8 +33,10 @@ def _tagged(node: Node, tag) -> bool:
 
 
 def fusion_groups(a: StreamAssignment) -> list[list[Node]]:
-    """The compute nodes inductor would fuse into one kernel: the connected components (networkx)
-    of the fusion edges above with two or more members, each in issue order.
+    """The compute nodes inductor would fuse into one kernel, each group in issue order: the
+    fusion edges above, taken in issue order, each merging two groups unless the merged kernel
+    would both feed and wait for a node outside it (a matmul between a forward ReLU and its
+    backward, say): inductor refuses those fusions (``will_fusion_create_cycle``) too.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -42,20 +44,60 @@ def fusion_groups(a: StreamAssignment) -> list[list[Node]]:
     ...     return ((x @ w).relu() * 2).sum() + (x @ w.t()).sigmoid().sum()
     >>> [[n.name for n in g] for g in fusion_groups(sp.read_streams(make_fx(f)(torch.ones(4, 4), torch.ones(4, 4))))]
     [['relu', 'mul', 'sum_1'], ['sigmoid', 'sum_2']]
+    >>> def g(x, w):
+    ...     h = x.relu()
+    ...     return (h @ w) * h  # mul reads relu, but also the matmul that waits for relu
+    >>> fusion_groups(sp.read_streams(make_fx(g)(torch.ones(4, 4), torch.ones(4, 4))))
+    []
     """
     pointwise, reduction = torch.Tag.pointwise, torch.Tag.reduction
-    g = nx.Graph()
-    for n in a.nodes:
-        if not a.is_compute(n) or not (_tagged(n, pointwise) or _tagged(n, reduction)):
+    compute = [n for n in a.nodes if a.is_compute(n)]
+
+    def source(n: Node) -> Node:  # the kernel that made the storage n reads
+        root = a.root.get(n, n)
+        return a.producer.get(root, root)
+
+    succs: dict[Node, set[Node]] = {n: set() for n in compute}
+    for n in compute:
+        for inp in n.all_input_nodes:
+            src = source(inp)
+            if src is not n and src in succs:
+                succs[src].add(n)
+    groups = nx.utils.UnionFind()
+    members: dict[Node, set[Node]] = {}
+    for n in compute:
+        if not (_tagged(n, pointwise) or _tagged(n, reduction)):
             continue
         for inp in n.all_input_nodes:
-            root = a.root.get(inp, inp)
-            src = a.producer.get(root, root)
-            if src is not n and a.is_compute(src) and _tagged(src, pointwise):
-                g.add_edge(src, n)
+            src = source(inp)
+            if src is n or src not in succs or not _tagged(src, pointwise) or groups[src] is groups[n]:
+                continue
+            merged = members.get(groups[src], {src}) | members.get(groups[n], {n})
+            if not _feeds_and_waits(merged, succs):
+                members.pop(groups[src], None)
+                members.pop(groups[n], None)
+                groups.union(src, n)
+                members[groups[n]] = merged
     order = a.position or {n: i for i, n in enumerate(a.nodes)}
-    groups = [sorted(c, key=order.__getitem__) for c in nx.connected_components(g)]
-    return sorted(groups, key=lambda c: order[c[0]])
+    out = [sorted(m, key=order.__getitem__) for m in members.values() if len(m) > 1]
+    return sorted(out, key=lambda g: order[g[0]])
+
+
+def _feeds_and_waits(group: set[Node], succs: dict[Node, set[Node]]) -> bool:
+    """Whether a node outside ``group`` depends on it and is depended on by it: one kernel
+    made of ``group`` would have to run both before and after that node."""
+    seen: set[Node] = set()
+    todo = [s for m in group for s in succs[m] if s not in group]
+    while todo:
+        w = todo.pop()
+        if w in seen:
+            continue
+        seen.add(w)
+        for s in succs[w]:
+            if s in group:
+                return True
+            todo.append(s)
+    return False
 
 
 def keep_together(
