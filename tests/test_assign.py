@@ -356,3 +356,24 @@ def test_fusion_groups_never_join_a_forward_op_to_its_backward():
             feeds = any(u in inside for u in n.users)
             fed = any(i in inside for i in n.all_input_nodes)
             assert not (feeds and fed), (n.name, [g.name for g in group])
+
+
+def test_fusion_groups_keep_reductions_over_different_loops_apart():
+    """A column sum and a row sum of one tensor are two kernels under inductor (its scheduler
+    groups nodes by their (elements, reduction elements)); two row sums can be one."""
+
+    def columns_and_rows(x):
+        g = (x * 2).relu()
+        return g.sum(0), g.sum(1), (g * g).sum(1)
+
+    def rows_only(x):
+        g = (x * 2).relu()
+        return g.sum(1), (g * g).sum(1)
+
+    x = torch.ones(8, 32)
+    a = sp.read_streams(make_fx(columns_and_rows)(x))
+    col, row, row2 = [n for n in a.nodes if n.op == "call_function" and "sum" in str(n.target)]
+    for group in fusion_groups(a):
+        assert not (col in group and (row in group or row2 in group)), [n.name for n in group]
+    (group,) = fusion_groups(sp.read_streams(make_fx(rows_only)(x)))
+    assert [n.name for n in group] == ["mul", "relu", "sum_1", "mul_1", "sum_2"]

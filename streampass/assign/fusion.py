@@ -23,7 +23,7 @@ import torch.fx
 
 from streampass.analysis.reading import StreamAssignment
 from streampass.assign.dag import WorkGraph, fixed_streams
-from streampass.sim.cost import CostModel
+from streampass.sim.cost import CostModel, numel
 
 Node = torch.fx.Node
 
@@ -65,22 +65,38 @@ def fusion_groups(a: StreamAssignment) -> list[list[Node]]:
                 succs[src].add(n)
     groups = nx.utils.UnionFind()
     members: dict[Node, set[Node]] = {}
+    loops: dict[Node, object] = {}  # group -> the iteration space of its reductions, if any
     for n in compute:
         if not (_tagged(n, pointwise) or _tagged(n, reduction)):
             continue
+        if _tagged(n, reduction):
+            loops[n] = _reduction_loops(n)
         for inp in n.all_input_nodes:
             src = source(inp)
             if src is n or src not in succs or not _tagged(src, pointwise) or groups[src] is groups[n]:
                 continue
+            mine, theirs = loops.get(groups[n]), loops.get(groups[src])
+            if mine is not None and theirs is not None and mine != theirs:
+                continue  # reductions over different loops are different kernels
             merged = members.get(groups[src], {src}) | members.get(groups[n], {n})
             if not _feeds_and_waits(merged, succs):
-                members.pop(groups[src], None)
-                members.pop(groups[n], None)
+                for root in (groups[src], groups[n]):
+                    members.pop(root, None)
+                    loops.pop(root, None)
                 groups.union(src, n)
                 members[groups[n]] = merged
+                loops[groups[n]] = mine if mine is not None else theirs
     order = a.position or {n: i for i, n in enumerate(a.nodes)}
     out = [sorted(m, key=order.__getitem__) for m in members.values() if len(m) > 1]
     return sorted(out, key=lambda g: order[g[0]])
+
+
+def _reduction_loops(n: Node) -> object:
+    """A reduction's iteration space as inductor groups kernels by it: (elements out, elements
+    reduced into each); a reduction whose sizes are unknown gets a space of its own."""
+    out = numel(n.meta.get("val"))
+    src = next((k for k in (numel(i.meta.get("val")) for i in n.all_input_nodes) if k), None)
+    return (out, src // max(out, 1)) if out is not None and src is not None else n
 
 
 def _feeds_and_waits(group: set[Node], succs: dict[Node, set[Node]]) -> bool:
@@ -109,7 +125,7 @@ def keep_together(
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
     >>> from streampass.assign.dag import work_graph
-    >>> from streampass.sim.cost import CostModel
+    >>> from streampass.sim.cost import CostModel, numel
     >>> a = sp.read_streams(make_fx(lambda x: x.exp().relu())(torch.ones(4)))
     >>> w = work_graph(a, CostModel())
     >>> exp, relu = w.nodes

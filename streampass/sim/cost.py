@@ -218,6 +218,24 @@ def _concrete_shape(x: Any) -> Any:
     return torch.Size(sizes)
 
 
+def numel(t: Any) -> int | None:
+    """The number of elements of tensor ``t`` (symbolic sizes by their hint); None for anything
+    else, or a size without a hint. Never adds a guard on a symbolic shape.
+
+    >>> numel(torch.empty(3, 4, device="meta")), numel(3)
+    (12, None)
+    """
+    if not isinstance(t, torch.Tensor):
+        return None
+    out = 1
+    for s in t.shape:
+        s = _hint(s)
+        if s is None:
+            return None
+        out *= s
+    return out
+
+
 def _tensor_bytes(t: torch.Tensor) -> int:
     """Bytes of memory ``t`` covers: numel, or less for broadcast (stride-0) tensors."""
     try:
