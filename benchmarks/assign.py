@@ -211,6 +211,26 @@ def pictures(folder: Path, model: CostModel, max_streams: int) -> None:
         print(f"wrote {folder / f'assign_moe_{name}.svg'}: {sched.makespan * 1e6:.1f} us")
 
 
+#: the graphs' names in docs/benchmarks.md
+LABELS = {"inception (4 branches)": "inception, 4 branches, batch 32"}
+
+
+def markdown(results: list[dict]) -> str:
+    """The results as the table in docs/benchmarks.md."""
+    cols = ["one stream", "nimble", "round robin", "critical path + rr", "assign_streams"]
+    head = ["graph", "nodes", "critical path", "one stream", "Nimble", "round robin", "critical path + rr"]
+    head += ["**assign_streams**", "winner", "assign / run", "priced / skipped"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        cell = {k: f"{v['makespan_us']:.1f}, {v['waits']} w, {v['peak_mib']:.0f}" for k, v in r["rows"].items()}
+        cell["assign_streams"] = f"**{cell['assign_streams']}**"
+        row = [LABELS.get(r["graph"], r["graph"]), str(r["compute_nodes"]), f"{r['critical_path_us']:.1f}"]
+        row += [cell[k] for k in cols] + [r["rows"]["assign_streams"]["candidate"]]
+        row += [f"{r['assign_s'] * 1e3:.1f} / {r['run_s'] * 1e3:.1f} ms", f"{r['candidates']} / {r['skipped']}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-streams", type=int, default=4)
@@ -219,6 +239,7 @@ def main(argv=None) -> None:
         action="store_true",
         help="price as assign='auto' inside torch.compile does: inductor's fusions kept and priced as one kernel",
     )
+    ap.add_argument("--markdown", action="store_true", help="also print the table as docs/benchmarks.md has it")
     ap.add_argument("--out", help="default: benchmarks/results/assign.json (assign_fused.json with --keep-fusions)")
     ap.add_argument(
         "--picture", metavar="DIR", help="also write the MoE layer's schedules (one stream, chosen) as SVG here"
@@ -244,6 +265,8 @@ def main(argv=None) -> None:
             f"{'':41}winner: {r['rows']['assign_streams']['candidate']}, streams {r['rows']['assign_streams']['streams']}; "
             f"{r['candidates']} priced, {r['skipped']} skipped by their lower bound"
         )
+    if args.markdown:
+        print(markdown(results))
     default = "assign_fused.json" if args.keep_fusions else "assign.json"
     out = Path(args.out or Path(__file__).resolve().parent / "results" / default)
     out.parent.mkdir(parents=True, exist_ok=True)
