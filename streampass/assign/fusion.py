@@ -6,9 +6,10 @@ does not show. ``assign_streams(..., keep_fusions=True)``, which ``assign="auto"
 
 The groups approximate inductor's vertical fusion: a pointwise op joins the group of every
 pointwise input it reads (through views), and a reduction joins the group of its pointwise
-inputs, unless the merged group would have to run both before and after some other node. Matmuls, convolutions and other extern kernels stay on their own. Horizontal fusion
-(siblings reading the same input) is not modelled: splitting siblings costs a launch, not a
-round trip through memory.
+inputs, unless the merged group would have to run both before and after some other node, or
+would hold reductions over different loops. Matmuls, convolutions and other extern kernels stay
+on their own. Horizontal fusion (siblings reading the same input) is not modelled: splitting
+siblings costs a launch, not a round trip through memory.
 
 :func:`fused_cost` prices each group as the one kernel inductor makes of it, so that a candidate
 is not charged a launch and a round trip through memory for every op of a chain that will run as
@@ -53,9 +54,7 @@ def fusion_groups(a: StreamAssignment) -> list[list[Node]]:
     pointwise, reduction = torch.Tag.pointwise, torch.Tag.reduction
     compute = [n for n in a.nodes if a.is_compute(n)]
 
-    def source(n: Node) -> Node:  # the kernel that made the storage n reads
-        root = a.root.get(n, n)
-        return a.producer.get(root, root)
+    source = _sources(a)
 
     succs: dict[Node, set[Node]] = {n: set() for n in compute}
     for n in compute:
@@ -89,6 +88,16 @@ def fusion_groups(a: StreamAssignment) -> list[list[Node]]:
     order = a.position or {n: i for i, n in enumerate(a.nodes)}
     out = [sorted(m, key=order.__getitem__) for m in members.values() if len(m) > 1]
     return sorted(out, key=lambda g: order[g[0]])
+
+
+def _sources(a: StreamAssignment):
+    """node -> the kernel that made the storage it reads (through views and in-place ops)."""
+
+    def source(n: Node) -> Node:
+        root = a.root.get(n, n)
+        return a.producer.get(root, root)
+
+    return source
 
 
 def _reduction_loops(n: Node) -> object:
@@ -125,7 +134,7 @@ def keep_together(
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
     >>> from streampass.assign.dag import work_graph
-    >>> from streampass.sim.cost import CostModel, numel
+    >>> from streampass.sim.cost import CostModel
     >>> a = sp.read_streams(make_fx(lambda x: x.exp().relu())(torch.ones(4)))
     >>> w = work_graph(a, CostModel())
     >>> exp, relu = w.nodes
@@ -168,9 +177,7 @@ def fused_cost(a: StreamAssignment, groups: list[list[Node]], model: CostModel) 
     times: dict[str, float] = {}
     group_of = {n: i for i, group in enumerate(groups) for n in group}
 
-    def source(n: Node) -> Node:  # the kernel that made the storage n reads
-        root = a.root.get(n, n)
-        return a.producer.get(root, root)
+    source = _sources(a)
 
     handed_out: set[Node] = set()  # members whose value a node outside their group reads
     for n in a.nodes:
