@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
-from streampass.assign.choose import MEM_TIE, TIE
 from streampass.assign.fusion import fused_cost, fusion_groups
 from streampass.assign.memory import peak_bytes
+from streampass.assign.select import MEM_TIE, TIE
 from streampass.runtime import run_serial
 from streampass.sim.cost import CostModel
 from streampass.synthetic import random_inputs, random_stream_graph
@@ -313,7 +313,7 @@ def _priced(name: str, makespan: float, peak: int, waits: int):
 
 
 def test_ties_a_megabyte_does_not_buy_a_slower_schedule_but_a_third_of_the_memory_does():
-    from streampass.assign.choose import _pick
+    from streampass.assign.select import pick as _pick
 
     single = _priced("one stream", 200.0, 1000, 0)
     fast = _priced("fast", 100.0, 1000, 9)

@@ -21,18 +21,10 @@ from streampass.assign.dag import WorkGraph, work_graph
 from streampass.assign.evaluate import Evaluation, evaluate
 from streampass.assign.fusion import fused_cost, fusion_groups, keep_together
 from streampass.assign.price import Pricer
+from streampass.assign.select import TIE, leaders, pick
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
 from streampass.sim.schedule import Schedule
-
-#: makespans within this share of the fastest count as equal, and then peak memory decides (1%:
-#: below what the cost model can tell apart, above what a deferred free costs)
-TIE = 1e-2
-#: among those, peaks within this share of the least count as equal, and then the faster wins,
-#: then the one with fewer waits: a megabyte saved does not buy a slower schedule
-MEM_TIE = 5e-2
-#: how many of the tied leaders the local search starts from
-LEADERS = 3
 
 
 @dataclass
@@ -155,25 +147,6 @@ def _model(cost) -> CostModel:
     raise TypeError(f"cost must be a CostModel, a profile name or a DeviceProfile, got {type(cost).__name__}")
 
 
-def _preference(evals: list[Evaluation]):
-    """The sort key of the search's preference over ``evals``: first the candidates tied with the
-    fastest (:data:`TIE`) whose peak is within :data:`MEM_TIE` of the least among those, fastest
-    first, then fewer waits; then the other tied ones, least memory first; then the rest by
-    makespan."""
-    fastest = min(e.makespan for e in evals)
-    tied = [e for e in evals if e.makespan <= fastest * (1 + TIE)]
-    lean = min(e.peak_bytes for e in tied) * (1 + MEM_TIE)
-
-    def key(e: Evaluation):
-        if e.makespan > fastest * (1 + TIE):
-            return (2, e.makespan, e.peak_bytes, e.waits)
-        if e.peak_bytes <= lean:
-            return (0, e.makespan, e.waits, e.peak_bytes)
-        return (1, e.peak_bytes, e.makespan, e.waits)
-
-    return key
-
-
 def generate(w: WorkGraph, slots: list[int], groups: list | None = None):
     """``(name, streams, notes)`` for every candidate the search prices first; with ``groups``
     (``assign.fusion``), each group of every candidate on one stream."""
@@ -223,7 +196,8 @@ def assign_streams(
     ``max_streams`` streams for the free nodes and is priced as ``streampass.run`` on a copy and
     :func:`streampass.simulate` would price it (``cpu_launch=True``: launches and syncs cost CPU
     time, so tiny kernels do not pay for a side stream). The fastest wins; candidates within
-    :data:`TIE` of it count as equal, and among them those within :data:`MEM_TIE` of the least
+    :data:`~streampass.assign.select.TIE` of it count as equal, and among them those within
+    :data:`~streampass.assign.select.MEM_TIE` of the least
     peak memory; of these the fastest, then the one with fewer waits, wins. A
     multi-stream choice must be strictly faster than one stream; candidates whose estimated
     peak memory exceeds ``memory_budget`` bytes are left out.
@@ -272,9 +246,9 @@ def assign_streams(
     # multi-stream candidates tied with it, and must be the same as if every one were priced.
     search.batch(rest, than=lambda e: e is not single)
     # Local search: move each side stream of the leaders (the candidates tied with the fastest,
-    # at most LEADERS of them, least memory first) back to the ambient stream.
+    # at most select.LEADERS of them, in order of preference) back to the ambient stream.
     moves = []
-    for lead in _leaders(list(search.tried.values()), single, budget):
+    for lead in leaders(list(search.tried.values()), single, budget):
         by_node = {n: lead.streams[n.name] for n in w.nodes}
         for s in sorted(set(lead.streams.values()) - {AMBIENT}):
             if any(by_node[n] == s for n in w.free):
@@ -287,7 +261,7 @@ def assign_streams(
         search.prune = False  # the least memory may be among the skipped
         search.batch(search.skipped.values())
     evals = list(search.tried.values())
-    best = _pick(evals, single, budget)
+    best = pick(evals, single, budget)
     note = ""
     if best is single and len(evals) + len(search.skipped) > 1:
         rival = min((e for e in evals if e is not single), key=lambda e: e.makespan, default=None)
@@ -322,7 +296,7 @@ def assign_streams(
 class _Search:
     """The candidates priced so far, and those skipped because their lower bound
     (:meth:`~streampass.assign.price.Pricer.bound`) cannot come within :data:`TIE` of the
-    fastest priced: skipping them changes nothing :func:`_pick` could choose."""
+    fastest priced: skipping them changes nothing :func:`~streampass.assign.select.pick` could choose."""
 
     def __init__(self, gm, a, w: WorkGraph, free, model: CostModel, cpu_launch, events, budget, prune=True):
         self.gm, self.w, self.free, self.model = gm, w, free, model
@@ -374,24 +348,6 @@ class _Search:
                 self.skipped[key] = (name, bound, streams, notes)
             else:
                 self.price(name, streams, notes)
-
-
-def _leaders(evals: list[Evaluation], single: Evaluation, budget: float) -> list[Evaluation]:
-    ok = [e for e in evals if e.peak_bytes <= budget and e is not single]
-    if not ok:
-        return []
-    key = _preference(ok)
-    return sorted((e for e in ok if key(e)[0] < 2), key=key)[:LEADERS]
-
-
-def _pick(evals: list[Evaluation], single: Evaluation, budget: float) -> Evaluation:
-    ok = [e for e in evals if e.peak_bytes <= budget]
-    if not ok:
-        return min(evals, key=lambda e: (e.peak_bytes, e.makespan), default=single)
-    best = min(ok, key=_preference(ok))
-    if single in ok and not best.makespan < single.makespan * (1 - 1e-9):
-        return single  # streams must strictly pay
-    return best
 
 
 def _reasons(w: WorkGraph, best: Evaluation, note: str) -> dict[str, str]:
