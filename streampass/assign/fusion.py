@@ -24,7 +24,8 @@ import torch.fx
 
 from streampass.analysis.reading import StreamAssignment
 from streampass.assign.dag import WorkGraph, fixed_streams
-from streampass.sim.cost import CostModel, numel
+from streampass.sim.cost import CostModel
+from streampass.sim.tensors import numel
 
 Node = torch.fx.Node
 

@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.fx.passes.shape_prop import TensorMetadata
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
 
 from streampass import ops
+from streampass.sim.tensors import concrete_shape, hint, node_value, tensor_bytes, tensors
 
 __all__ = ["PROFILES", "CostModel", "DeviceProfile", "Overrides"]
 
@@ -179,90 +179,6 @@ def _is_shape_query(target: Any) -> bool:
     return not isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator))
 
 
-def _hint(x: Any) -> int | float | None:
-    """A concrete number for ``x``; symbolic values give their hint, or None."""
-    if isinstance(x, (torch.SymInt, torch.SymFloat)):
-        try:
-            return x.node.hint
-        except Exception:
-            return None
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return x
-    return None
-
-
-def _as_tensor(value: Any) -> Any:
-    """Turn a ``TensorMetadata`` into an empty meta tensor; pass others through."""
-    if not isinstance(value, TensorMetadata):
-        return value
-    try:
-        return torch.empty_strided(tuple(value.shape), tuple(value.stride), dtype=value.dtype, device="meta")
-    except Exception:
-        return None
-
-
-def _node_value(node: torch.fx.Node) -> Any:
-    """The example value of a node: ``meta["val"]``, else ``meta["tensor_meta"]``."""
-    if "val" in node.meta:
-        return node.meta["val"]
-    return tree_map(_as_tensor, node.meta.get("tensor_meta"), is_leaf=lambda v: isinstance(v, TensorMetadata))
-
-
-def _concrete_shape(x: Any) -> Any:
-    """A tensor's shape as plain ints (symbolic sizes by hint); others unchanged."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    sizes = [_hint(s) for s in x.shape]
-    if any(s is None for s in sizes):
-        raise ValueError("size without a hint")
-    return torch.Size(sizes)
-
-
-def numel(t: Any) -> int | None:
-    """The number of elements of tensor ``t`` (symbolic sizes by their hint); None for anything
-    else, or a size without a hint. Never adds a guard on a symbolic shape.
-
-    >>> numel(torch.empty(3, 4, device="meta")), numel(3)
-    (12, None)
-    """
-    if not isinstance(t, torch.Tensor):
-        return None
-    out = 1
-    for s in t.shape:
-        s = _hint(s)
-        if s is None:
-            return None
-        out *= s
-    return out
-
-
-def _tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes of memory ``t`` covers: numel, or less for broadcast (stride-0) tensors."""
-    try:
-        itemsize = t.dtype.itemsize
-        sizes = [_hint(s) for s in t.shape]
-        strides = [_hint(s) for s in t.stride()]
-    except Exception:
-        return 0
-    if any(s is None for s in sizes):
-        return 0
-    numel = 1
-    for s in sizes:
-        numel *= s
-    if numel == 0:
-        return 0
-    if all(s is not None for s in strides):
-        span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(sizes, strides))
-        numel = min(numel, span)
-    return int(numel) * itemsize
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):  # the common case, without pytree's walk
-        return [tree]
-    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
-
-
 class CostModel:
     """Estimates the run time of FX graph nodes on one device profile.
 
@@ -330,17 +246,17 @@ class CostModel:
             return self._control_deps_time(node)
         if target in _FREE_FUNCTIONS or _view_name(node) in _VIEW_OPS:
             return 0.0
-        out = _node_value(node)
+        out = node_value(node)
         if out is None:
             return p.launch_overhead
         # Each input node counted once: a tensor passed twice (x + x) is read once.
-        inputs = [t for n in node.all_input_nodes for t in _tensors(_node_value(n))]
-        outputs = _tensors(out)
+        inputs = [t for n in node.all_input_nodes for t in tensors(node_value(n))]
+        outputs = tensors(out)
         if not outputs and (not inputs or _is_shape_query(target)):
             # Shape queries and scalar arithmetic (sym_size, operator.mul on SymInts)
             # run on the host and launch nothing.
             return 0.0
-        n_bytes = sum(_tensor_bytes(t) for t in inputs + outputs)
+        n_bytes = sum(tensor_bytes(t) for t in inputs + outputs)
         flops = self._flops(node, out)
         return self.kernel_time(flops, n_bytes, next((t.dtype for t in inputs + outputs), None))
 
@@ -358,17 +274,17 @@ class CostModel:
     @staticmethod
     def value_bytes(node: torch.fx.Node) -> int:
         """Bytes of memory the tensors ``node`` produces cover (its metadata; 0 when missing)."""
-        return sum(_tensor_bytes(t) for t in _tensors(_node_value(node)))
+        return sum(tensor_bytes(t) for t in tensors(node_value(node)))
 
     def node_flops(self, node: torch.fx.Node) -> float:
         """The floating-point operations of ``node`` by torch's flop registry (0 where it has no
         formula or the metadata is missing)."""
-        out = _node_value(node) if node.op == "call_function" else None
+        out = node_value(node) if node.op == "call_function" else None
         return 0.0 if out is None else self._flops(node, out)
 
     @staticmethod
     def _arg_value(a: Any) -> Any:
-        return _node_value(a) if isinstance(a, torch.fx.Node) else a
+        return node_value(a) if isinstance(a, torch.fx.Node) else a
 
     @classmethod
     def _flops(cls, node: torch.fx.Node, out: Any) -> float:
@@ -386,11 +302,11 @@ class CostModel:
             if raw is not None:
                 # A shape_wrapper'd formula: hand it concrete shapes ourselves, so
                 # that its checks (e.g. k == k2) never put guards on symbolic shapes.
-                args, kwargs, out = tree_map(_concrete_shape, (args, kwargs, out))
+                args, kwargs, out = tree_map(concrete_shape, (args, kwargs, out))
                 flops = raw(*args, out_shape=out, **kwargs)
             else:
                 flops = formula(*args, **kwargs, out_val=out)
-            flops = _hint(flops)
+            flops = hint(flops)
         except Exception:
             return 0.0
         return float(flops) if flops else 0.0
