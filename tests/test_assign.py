@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import networkx as nx
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -379,3 +380,53 @@ def test_fusion_groups_keep_reductions_over_different_loops_apart():
         assert not (col in group and (row in group or row2 in group)), [n.name for n in group]
     (group,) = fusion_groups(sp.read_streams(make_fx(rows_only)(x)))
     assert [n.name for n in group] == ["mul", "relu", "sum_1", "mul_1", "sum_2"]
+
+
+def test_fusion_groups_are_acyclic_as_kernels_not_only_as_nodes():
+    """Two groups that each wait for the other through a matmul: each is fine on its own, but as
+    kernels they would wait for each other, and inductor refuses the second fusion."""
+
+    def f(x, w):
+        p = x.relu()
+        m2 = p.exp() @ w  # waits for group A
+        s = x.sigmoid()
+        m1 = s.sin() @ w  # waits for group B
+        return p * m1, s * m2  # A waits for m1 (so for B); B would wait for m2 (so for A)
+
+    gm = make_fx(f)(torch.ones(4, 4), torch.ones(4, 4))
+    groups = fusion_groups(sp.read_streams(gm))
+    kernel = {n.name: i for i, g in enumerate(groups) for n in g}
+    contracted = nx.DiGraph()
+    for n in gm.graph.nodes:
+        for i in n.all_input_nodes:
+            u, v = kernel.get(i.name, i.name), kernel.get(n.name, n.name)
+            if u != v:
+                contracted.add_edge(u, v)
+    assert nx.is_directed_acyclic_graph(contracted), [[n.name for n in g] for g in groups]
+    assert [n.name for n in groups[0]] == ["relu", "exp", "mul"]
+
+
+def test_fusion_groups_see_the_order_an_in_place_op_makes():
+    """mul reads q after copy_ wrote the matmul into it, and the matmul reads relu: relu and mul
+    in one kernel would run before and after the matmul."""
+
+    def f(x, w):
+        p = x.relu()
+        q = x.exp()
+        q.copy_(p @ w)
+        return p * q
+
+    assert fusion_groups(sp.read_streams(make_fx(f)(torch.ones(4, 4), torch.ones(4, 4)))) == []
+
+
+def test_fused_cost_pays_for_storage_a_member_writes_in_place():
+    def f(x):
+        x.mul_(x.exp())  # the kernel reads x and writes it back
+        return x
+
+    n = 2**24
+    a = sp.read_streams(make_fx(f)(torch.empty(n, device="meta")))
+    base = CostModel("h100")
+    (group,) = fusion_groups(a)
+    assert [g.name for g in group] == ["exp", "mul_"]
+    assert fused_cost(a, [group], base).node_time(group[-1]) == base.kernel_time(0, 2 * 4 * n, torch.float32)

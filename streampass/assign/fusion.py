@@ -18,14 +18,18 @@ one kernel.
 
 from __future__ import annotations
 
+from operator import getitem
+
 import networkx as nx
 import torch
 import torch.fx
 
 from streampass.analysis.reading import StreamAssignment
+from streampass.analysis.requirements import requirements
 from streampass.assign.dag import WorkGraph, fixed_streams
 from streampass.sim.cost import CostModel
 from streampass.sim.tensors import numel
+from streampass.values import mutated_arg_positions
 
 Node = torch.fx.Node
 
@@ -54,15 +58,12 @@ def fusion_groups(a: StreamAssignment) -> list[list[Node]]:
     """
     pointwise, reduction = torch.Tag.pointwise, torch.Tag.reduction
     compute = [n for n in a.nodes if a.is_compute(n)]
-
-    source = _sources(a)
-
-    succs: dict[Node, set[Node]] = {n: set() for n in compute}
-    for n in compute:
-        for inp in n.all_input_nodes:
-            src = source(inp)
-            if src is not n and src in succs:
-                succs[src].add(n)
+    maker = _makers(a)
+    succs: dict[Node, set[Node]] = {n: set() for n in compute}  # every ordering, in-place ones too
+    for r in requirements(a, same_stream=True)[0]:
+        if r.before in succs and r.after in succs and r.before is not r.after:
+            succs[r.before].add(r.after)
+    pos = a.position or {n: i for i, n in enumerate(a.nodes)}
     groups = nx.utils.UnionFind()
     members: dict[Node, set[Node]] = {}
     loops: dict[Node, object] = {}  # group -> the iteration space of its reductions, if any
@@ -72,33 +73,40 @@ def fusion_groups(a: StreamAssignment) -> list[list[Node]]:
         if _tagged(n, reduction):
             loops[n] = _reduction_loops(n)
         for inp in n.all_input_nodes:
-            src = source(inp)
-            if src is n or src not in succs or not _tagged(src, pointwise) or groups[src] is groups[n]:
+            src = maker(inp)
+            if src is None or src is n or not _tagged(src, pointwise) or groups[src] is groups[n]:
                 continue
             mine, theirs = loops.get(groups[n]), loops.get(groups[src])
             if mine is not None and theirs is not None and mine != theirs:
                 continue  # reductions over different loops are different kernels
-            merged = members.get(groups[src], {src}) | members.get(groups[n], {n})
-            if not _feeds_and_waits(merged, succs):
-                for root in (groups[src], groups[n]):
+            roots = (groups[src], groups[n])
+            merged = members.get(roots[0], {src}) | members.get(roots[1], {n})
+            # Paths go forward in issue order except through a group, and every group holds only
+            # nodes up to n (the edges are taken in n's order): nothing after n can lead back.
+            if not _feeds_and_waits(merged, succs, lambda w: members.get(groups[w], (w,)), pos, pos[n]):
+                for root in roots:
                     members.pop(root, None)
                     loops.pop(root, None)
                 groups.union(src, n)
                 members[groups[n]] = merged
                 loops[groups[n]] = mine if mine is not None else theirs
-    order = a.position or {n: i for i, n in enumerate(a.nodes)}
-    out = [sorted(m, key=order.__getitem__) for m in members.values() if len(m) > 1]
-    return sorted(out, key=lambda g: order[g[0]])
+    out = [sorted(m, key=pos.__getitem__) for m in members.values() if len(m) > 1]
+    return sorted(out, key=lambda g: pos[g[0]])
 
 
-def _sources(a: StreamAssignment):
-    """node -> the kernel that made the storage it reads (through views and in-place ops)."""
+def _makers(a: StreamAssignment):
+    """node -> the kernel that made the value it stands for: itself for a compute node, the op a
+    view or a getitem reads from, None for inputs. An in-place op is the maker of its result."""
 
-    def source(n: Node) -> Node:
-        root = a.root.get(n, n)
-        return a.producer.get(root, root)
+    def maker(n: Node) -> Node | None:
+        while not a.is_compute(n):
+            if n.target is getitem or (a.root.get(n, n) is not n and n.all_input_nodes):
+                n = n.all_input_nodes[0]  # a view's base, a getitem's op
+            else:
+                return None
+        return n
 
-    return source
+    return maker
 
 
 def _reduction_loops(n: Node) -> object:
@@ -109,20 +117,24 @@ def _reduction_loops(n: Node) -> object:
     return (out, src // max(out, 1)) if out is not None and src is not None else n
 
 
-def _feeds_and_waits(group: set[Node], succs: dict[Node, set[Node]]) -> bool:
-    """Whether a node outside ``group`` depends on it and is depended on by it: one kernel
-    made of ``group`` would have to run both before and after that node."""
-    seen: set[Node] = set()
+def _feeds_and_waits(group: set[Node], succs: dict[Node, set[Node]], group_of, pos, window) -> bool:
+    """Whether something outside ``group`` depends on it and is depended on by it: one kernel
+    made of ``group`` would have to run both before and after it. ``group_of(w)``: the members of
+    the group ``w`` is in (a group is one kernel, so a path that enters it may leave from any
+    member). Nodes positioned after ``window`` are not searched: no group reaches back from there."""
+    seen: set[Node] = set(group)
     todo = [s for m in group for s in succs[m] if s not in group]
     while todo:
         w = todo.pop()
-        if w in seen:
+        if w in seen or pos[w] > window:
             continue
-        seen.add(w)
-        for s in succs[w]:
-            if s in group:
-                return True
-            todo.append(s)
+        for v in group_of(w):
+            seen.add(v)
+            for s in succs[v]:
+                if s in group:
+                    return True
+                if s not in seen:
+                    todo.append(s)
     return False
 
 
@@ -177,27 +189,27 @@ def fused_cost(a: StreamAssignment, groups: list[list[Node]], model: CostModel) 
     """
     times: dict[str, float] = {}
     group_of = {n: i for i, group in enumerate(groups) for n in group}
-
-    source = _sources(a)
-
+    maker = _makers(a)
     handed_out: set[Node] = set()  # members whose value a node outside their group reads
     for n in a.nodes:
         if a.is_compute(n) or n.op == "output":
             for inp in n.all_input_nodes:
-                src = source(inp)
+                src = maker(inp)
                 if src in group_of and group_of.get(n) != group_of[src]:
                     handed_out.add(src)
     fixed = {n: s for n, (s, _) in fixed_streams(a).items()}
     for group in groups:
         if len({fixed[n] for n in group if n in fixed}) > 1:
             continue
+        inside = set(group)
         read: dict[Node, int] = {}  # storage root -> the most of it a member reads
         for n in group:
             for inp in n.all_input_nodes:
-                root = a.root.get(inp, inp)
-                if source(inp) not in group:
+                if maker(inp) not in inside:
+                    root = a.root.get(inp, inp)
                     read[root] = max(read.get(root, 0), model.value_bytes(inp))
-        written = sum(model.value_bytes(n) for n in group if n in handed_out)
+        # what leaves the kernel: values read outside it, and storage a member writes in place
+        written = sum(model.value_bytes(n) for n in group if n in handed_out or mutated_arg_positions(n))
         flops = sum(model.node_flops(n) for n in group)
         dtype = next((v.dtype for v in (n.meta.get("val") for n in group) if isinstance(v, torch.Tensor)), None)
         for n in group:
