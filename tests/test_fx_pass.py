@@ -95,3 +95,17 @@ def test_a_whole_call_reads_the_graph_once(monkeypatch):
     assert result.modified and sync.last.ok and sync.last.waits_added > 0
     assert sp.verify(result.graph_module).ok
     torch.testing.assert_close(result.graph_module(x, w), branches(x, w))
+
+
+def test_a_subclass_that_overrides_a_hook_gets_torchs_sequence():
+    calls = []
+
+    class Logged(StreamSyncPass):
+        def ensures(self, graph_module):
+            calls.append("ensures")
+            super().ensures(graph_module)
+
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    gm = make_fx(branches)(x, w)
+    result = PassManager([Logged()])(gm)
+    assert calls == ["ensures"] and result.modified and sp.verify(result.graph_module).ok

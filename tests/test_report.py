@@ -14,6 +14,7 @@ import torch
 
 import streampass as sp
 from streampass import cli
+from streampass.sim.cost import CostModel
 from streampass.view.report import build_report
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -239,3 +240,18 @@ def test_cli_module_runs_without_html():
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     assert b"hazards after the pass: 0" in proc.stdout
     assert b"HTML report" not in proc.stdout  # --html '' writes none
+
+
+@pytest.mark.parametrize("cost, title", [(None, "h100"), ("a100", "a100"), (CostModel("h200"), "h200")])
+def test_report_simulates_with_a_profile_name_a_cost_model_or_the_default(cost, title):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        with sp.stream(1):
+            y = x.sin()
+        return y + x.cos()
+
+    gm = make_fx(f)(torch.ones(4))
+    sp.run(gm)
+    page = build_report(gm, cost=cost, cpu_launch=True)
+    assert f"<h2>Simulated schedule ({title})</h2>" in page

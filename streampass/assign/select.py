@@ -67,11 +67,13 @@ def pick(evals: list[Evaluation], single: Evaluation, budget: float) -> Evaluati
     'a'
     >>> pick([one, e("a", 100, 20)], one, budget=15 << 20).name
     'one stream'
+    >>> one = e("one stream", 100, 20)  # b is preferred to a, but only a beats one stream
+    >>> pick([one, e("a", 99.9, 15), e("b", 100, 10)], one, 2**40).name
+    'a'
     """
     ok = [e for e in evals if e.peak_bytes <= budget]
     if not ok:
         return min(evals, key=lambda e: (e.peak_bytes, e.makespan), default=single)
-    best = min(ok, key=preference(ok))
-    if single in ok and not best.makespan < single.makespan * (1 - 1e-9):
-        return single  # streams must strictly pay
-    return best
+    if single in ok:  # streams must strictly pay: the others compete only if faster than it
+        ok = [single] + [e for e in ok if e is not single and e.makespan < single.makespan * (1 - 1e-9)]
+    return min(ok, key=preference(ok))

@@ -117,6 +117,7 @@ def build_report(
         nav += [("changes", "Changes"), ("after", "After")]
     final = after if after is not None else before
     if schedule and hasattr(final, "graph"):
+        cost = "h100" if cost is None else cost
         body = _schedule_body(final, cost, cpu_launch)
         if body is not None:
             profile = cost if isinstance(cost, str) else getattr(cost, "profile", cost).name
