@@ -140,6 +140,7 @@ def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: 
     """``fused``: as ``assign="auto"`` inside torch.compile prices: what inductor fuses kept on
     one stream and priced as one kernel, in the baselines too (``assign.fusion``)."""
     a = sp.read_streams(gm)
+    base = model  # what assign_streams is given; with fused, it builds the fused model itself
     groups = fusion_groups(a) if fused else []
     if groups:
         model = fused_cost(a, groups, model)
@@ -155,7 +156,6 @@ def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: 
         assert e.schedule.ok, (name, label)
         rows[label] = dict(makespan_us=e.makespan * 1e6, waits=e.waits, peak_mib=e.peak_bytes / 2**20, streams=e.used)
     # Best of REPEAT for both timings: the first call of either warms caches the other shares.
-    base = CostModel(model.profile) if groups else model
     choices = [sp.assign_streams(gm, base, max_streams=max_streams, keep_fusions=fused) for _ in range(REPEAT)]
     choice = min(choices, key=lambda c: c.seconds)
     run_s = float("inf")

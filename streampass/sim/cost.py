@@ -271,11 +271,6 @@ class CostModel:
         compute = flops / p.flops_for(dtype) if flops else 0.0
         return max(compute, n_bytes / p.mem_bandwidth) + p.launch_overhead
 
-    @staticmethod
-    def value_bytes(node: torch.fx.Node) -> int:
-        """Bytes of memory the tensors ``node`` produces cover (its metadata; 0 when missing)."""
-        return sum(tensor_bytes(t) for t in tensors(node_value(node)))
-
     def node_flops(self, node: torch.fx.Node) -> float:
         """The floating-point operations of ``node`` by torch's flop registry (0 where it has no
         formula or the metadata is missing)."""

@@ -101,3 +101,15 @@ def tensors(tree: Any) -> list[torch.Tensor]:
     if isinstance(tree, torch.Tensor):  # the common case, without pytree's walk
         return [tree]
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def covered_bytes(node: torch.fx.Node) -> int:
+    """Bytes of memory the tensors ``node`` produces cover (:func:`tensor_bytes` of each; 0 when
+    its metadata says nothing): what a kernel reading or writing the value moves.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> x.meta["val"] = torch.empty(4, 8, dtype=torch.bfloat16, device="meta").expand(3, 4, 8)
+    >>> covered_bytes(x), covered_bytes(g.placeholder("y"))
+    (64, 0)
+    """
+    return sum(tensor_bytes(t) for t in tensors(node_value(node)))
