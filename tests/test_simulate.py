@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import types
 
 import pytest
 import torch
 import torch.fx
+from event_sim import play_events
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -16,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import streampass as sp
 from streampass import ops
 from streampass.sim.cost import PROFILES, CostModel
-from streampass.sim.simulate import Schedule, simulate
+from streampass.sim.simulate import Schedule, _Item, run_items, simulate
 from streampass.synthetic import random_stream_graph
 
 aten = torch.ops.aten
@@ -150,6 +152,20 @@ def test_synchronize_blocks_the_cpu():
     assert s.slots["c"].start == pytest.approx(40 * US)
     sync = [x for x in s.cpu if x.kind == "sync"]
     assert len(sync) == 1 and sync[0].end == pytest.approx(40 * US)
+
+
+def test_synchronize_costs_its_cpu_time_even_when_held():
+    launch = H100.launch_overhead / US
+    b = G()
+    b.k("a", 1, launch + 2)  # with cpu_launch: launched by `launch` us, then 2 us on stream 1
+    sync = b.op(ops.SYNC_STREAM, 1)
+    c = b.k("c", 0, 1)
+    gm, cost = b.done(c)
+    cost.overrides[sync.name] = 5 * US  # the call's own CPU time
+    s = simulate(gm, cost, cpu_launch=True)
+    # called at `launch`, a ends 2 us later; the call returns 5 us after it was made (it used to
+    # return when a ended, so a gate that ended later made the CPU resume earlier)
+    assert s.slots["c"].issued == pytest.approx((launch + 5) * US)
 
 
 def test_synchronize_device_waits_for_every_stream():
@@ -378,6 +394,46 @@ def test_races_found_before_run_are_gone_after(n, seed):
     sp.run(gm)
     after = simulate(gm, "h100")
     assert after.ok
+
+
+def _named(name):
+    return types.SimpleNamespace(name=name)
+
+
+def _random_items(draw):
+    """Kernels and syncs on up to 3 streams, each gated on earlier items, and CPU-blocking
+    syncs; whole microseconds (zero included), so that many events fall on the same instant."""
+    us = st.integers(0, 3).map(lambda k: k * US)
+    items = []
+    for i in range(draw(st.integers(1, 30))):
+        earlier = st.lists(st.sampled_from(items), max_size=3, unique_by=id) if items else st.just([])
+        if draw(st.integers(0, 5)) == 0:
+            it = _Item(_named(f"sync{i}"), None, 0.0, draw(us), "sync", block_cpu=True)
+        else:
+            it = _Item(_named(f"k{i}"), draw(st.integers(0, 2)), draw(us), draw(us), "kernel")
+        it.gates = [g for g in draw(earlier) if g.stream is not None]
+        items.append(it)
+    return items
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_one_pass_player_equals_the_event_driven_one(data):
+    items = _random_items(data.draw)
+    twins = {id(it): dataclasses.replace(it, gates=[]) for it in items}
+    for it in items:
+        twins[id(it)].gates = [twins[id(g)] for g in it.gates]
+    copies = [twins[id(it)] for it in items]
+    assert run_items(items) == play_events(copies, [0, 1, 2])
+    for a, b in zip(items, copies):
+        assert (a.issued, a.start, a.end) == (b.issued, b.start, b.end), a.node
+
+
+def test_a_gate_issued_later_is_refused():
+    late = _Item(_named("late"), 0, 1 * US, 0.0, "kernel")
+    early = _Item(_named("early"), 1, 1 * US, 0.0, "kernel", gates=[late])
+    with pytest.raises(AssertionError, match="early is gated on late"):
+        run_items([early, late])
 
 
 def test_doctests():

@@ -218,7 +218,7 @@ class Pricer:
         steps = list(plan_steps(a, plan))
         planned = {key: profile.sync_cost for key, *_ in steps if isinstance(key, _Planned)}
         items = build_items(steps, ChainMap(planned, self.times), profile, self.cpu_launch, serial=False)
-        cpu_end = run_items(items, a.streams)
+        cpu_end = run_items(items)
         makespan = max([cpu_end] + [it.end for it in items])
         span = {it.node: (it.start, it.end) for it in items}
         key_of = {k.sync: k for k in span if isinstance(k, _Planned)}
