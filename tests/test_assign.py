@@ -4,6 +4,7 @@ one stream, fixed annotations kept, streams only where they pay."""
 from __future__ import annotations
 
 import copy
+import random
 
 import networkx as nx
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
+from streampass.assign.dag import transitive_reduction
 from streampass.assign.fusion import fused_cost, fusion_groups
 from streampass.assign.memory import peak_bytes
 from streampass.assign.select import MEM_TIE, TIE
@@ -103,6 +105,19 @@ def test_applied_assignment_is_race_free_equal_and_keeps_fixed_streams(gm, keep,
     assert schedule.makespan == pytest.approx(choice.makespan)
     assert (result.waits_added, result.records_added) == (choice.waits, choice.records)
     assert peak_bytes(gm, schedule) == choice.peak_bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 40), density=st.floats(0.0, 0.6), seed=st.integers(0, 10_000))
+def test_transitive_reduction_is_networkx_s(n, density, seed):
+    rng = random.Random(seed)
+    order = rng.sample(range(1000), n)  # a topological order that is not the nodes' sort order
+    succs = {u: [v for v in order[i + 1 :] if rng.random() < density] for i, u in enumerate(order)}
+    rng.shuffle(succs[order[0]])  # successors in no particular order
+    g = nx.DiGraph()
+    g.add_nodes_from(order)
+    g.add_edges_from((u, v) for u in order for v in succs[u])
+    assert set(transitive_reduction(order, succs)) == set(nx.transitive_reduction(g).edges)
 
 
 def _branches(n: int, size: int, device: str = "meta"):

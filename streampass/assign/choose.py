@@ -25,6 +25,7 @@ from streampass.assign.select import TIE, leaders, pick
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
 from streampass.sim.schedule import Schedule
+from streampass.transform.pipeline import collector_paused
 
 
 @dataclass
@@ -229,7 +230,14 @@ def assign_streams(
     t0 = time.perf_counter()
     if max_streams < 1:
         raise ValueError("max_streams must be at least 1")
-    model = _model(cost)
+    with collector_paused():  # as run pauses it, and for the same reason (docs/design.md)
+        choice = _assign(gm, _model(cost), max_streams, memory_budget, cpu_launch, external_events, side_streams,
+                         exhaustive, keep_fusions)  # fmt: skip
+    choice.seconds = time.perf_counter() - t0
+    return choice
+
+
+def _assign(gm, model, max_streams, memory_budget, cpu_launch, external_events, side_streams, exhaustive, keep_fusions):
     events = tuple(external_events) or tuple((gm.meta.get("streampass") or {}).get("external_events", ()))
     a = read_streams(gm, events)
     groups = fusion_groups(a) if keep_fusions else None
@@ -287,7 +295,6 @@ def assign_streams(
         skipped=[(name, bound) for name, bound, *_ in search.skipped.values()],
         reasons=reasons,
         free=free,
-        seconds=time.perf_counter() - t0,
         note=note,
         model=model,
     )

@@ -8,6 +8,7 @@ nodes only: views and the getitems of multi-output ops launch nothing (docs/desi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -94,11 +95,44 @@ class WorkGraph:
         return [n for n in nx.dag_longest_path(g, weight="w") if n != src]
 
     def reduction(self) -> nx.DiGraph:
-        """The transitive reduction of the dependencies (Nimble's minimum equivalent graph)."""
+        """The transitive reduction of the dependencies (Nimble's minimum equivalent graph), as
+        :func:`transitive_reduction` computes it (the same graph as ``networkx.transitive_reduction``)."""
         cached = self.__dict__.get("_reduction")
         if cached is None:
-            cached = self.__dict__["_reduction"] = nx.transitive_reduction(self.nx)
+            g = nx.DiGraph()
+            g.add_nodes_from(self.nodes)
+            g.add_edges_from(transitive_reduction(self.nodes, self.succs))
+            cached = self.__dict__["_reduction"] = g
         return cached
+
+
+def transitive_reduction(order: list, succs: Mapping[object, list]) -> list[tuple[object, object]]:
+    """The edges ``u -> v`` of the DAG ``succs`` that no longer path implies, for ``order`` a
+    topological order of its nodes (the issue order, for a graph's work).
+
+    A DAG's transitive reduction is unique, so this is ``networkx.transitive_reduction``'s graph
+    (tests/test_assign.py checks it on random DAGs), computed with one bitset of descendants per
+    node: networkx walks the descendants of every node again (O(nodes × edges) Python steps,
+    1.7 s of a 4.5 s assignment on a 3,800-node training graph); here a node's successors,
+    taken in topological order, are each one test and one bitwise or.
+
+    >>> succs = {"a": ["b", "c"], "b": ["c"], "c": []}
+    >>> transitive_reduction(["a", "b", "c"], succs)
+    [('a', 'b'), ('b', 'c')]
+    """
+    index = {n: i for i, n in enumerate(order)}
+    below = [0] * len(order)  # node i -> the bits of every node reachable from it, itself included
+    implied = [0] * len(order)  # node i -> the bits of its successors another successor reaches
+    for i in range(len(order) - 1, -1, -1):
+        reach = 0
+        # A successor that an earlier successor reaches comes later in topological order.
+        for j in sorted(index[v] for v in succs[order[i]]):
+            if reach >> j & 1:
+                implied[i] |= 1 << j
+            else:
+                reach |= below[j]
+        below[i] = reach | 1 << i
+    return [(u, v) for i, u in enumerate(order) for v in succs[u] if not implied[i] >> index[v] & 1]
 
 
 def work_graph(a: StreamAssignment, model: CostModel) -> WorkGraph:
