@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import streampass as sp
 from streampass import ops
 from streampass.sim.cost import PROFILES, CostModel
-from streampass.sim.simulate import Schedule, _Item, run_items, simulate
+from streampass.sim.simulate import Schedule, _Item, ideal_makespan, run_items, simulate
 from streampass.synthetic import random_stream_graph
 
 aten = torch.ops.aten
@@ -427,6 +427,23 @@ def test_one_pass_player_equals_the_event_driven_one(data):
     assert run_items(items) == play_events(copies, [0, 1, 2])
     for a, b in zip(items, copies):
         assert (a.issued, a.start, a.end) == (b.issued, b.start, b.end), a.node
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.booleans())
+def test_ideal_makespan_is_the_player_s_with_every_cross_stream_dependency_as_a_gate(data, cpu_launch):
+    n = data.draw(st.integers(1, 25))
+    stream = {i: data.draw(st.integers(0, 2)) for i in range(n)}
+    times = {i: data.draw(st.integers(0, 12)) * US for i in range(n)}
+    preds = {i: data.draw(st.lists(st.integers(0, i - 1), max_size=3, unique=True)) if i else [] for i in range(n)}
+    items = {}
+    for i in range(n):
+        cpu = min(times[i], H100.launch_overhead) if cpu_launch else 0.0
+        items[i] = _Item(_named(str(i)), stream[i], times[i] - cpu, cpu, "kernel")
+        items[i].gates = [items[u] for u in preds[i] if stream[u] != stream[i]]
+    cpu_end = play_events(list(items.values()), [0, 1, 2])
+    expected = max([cpu_end] + [it.end for it in items.values()])
+    assert ideal_makespan(range(n), stream, preds, times, H100, cpu_launch) == expected
 
 
 def test_a_gate_issued_later_is_refused():

@@ -93,11 +93,38 @@ def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
     return out
 
 
-def requirements(a: StreamAssignment, same_stream: bool = False) -> tuple[list[Requirement], list[CrossStreamValue]]:
+Accesses = dict[Node, tuple[list[Node], list[Node]]]
+
+
+def accesses(a: StreamAssignment) -> Accesses:
+    """compute node or output -> (the storage roots it reads, those it writes in place): what
+    :func:`requirements` derives its orderings from. It depends on the nodes and their
+    arguments, not on their streams, so a caller that tries many streams for one graph
+    (``streampass.assign``) computes it once.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> a = sp.read_streams(make_fx(lambda x: x.sin().add_(x))(torch.ones(2)))
+    >>> {n.name: ([r.name for r in reads], [w.name for w in writes]) for n, (reads, writes) in accesses(a).items()}
+    {'sin': (['x_1'], []), 'add_': (['sin', 'x_1'], ['sin']), 'output': (['sin'], [])}
+    """
+    root, compute = a.root, a.compute
+    tensor: dict[Node, bool] = {}  # is_tensor_value, once per node
+    return {
+        n: (_read_roots(n, root, tensor), writes_of(a, n) if n in compute and _writes_anything(n) else [])
+        for n in a.nodes
+        if n in compute or n.op == "output"
+    }
+
+
+def requirements(
+    a: StreamAssignment, same_stream: bool = False, table: Accesses | None = None
+) -> tuple[list[Requirement], list[CrossStreamValue]]:
     """Every cross-stream ordering the graph needs, and every value read across streams.
 
     Only pairs on different streams are returned (a stream runs its own work in order), unless
     ``same_stream``: then every ordering the program has, which is what the simulator schedules.
+    ``table``: the graph's :func:`accesses`, if the caller has them (they do not depend on streams).
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -119,28 +146,23 @@ def requirements(a: StreamAssignment, same_stream: bool = False) -> tuple[list[R
     cross: dict[Node, CrossStreamValue] = {}
     s_of, root, compute = a.stream, a.root, a.compute
     made_by = a.producer  # a storage no node writes was written by the kernel that made it
-    tensor: dict[Node, bool] = {}  # is_tensor_value, once per node
-
+    table = accesses(a) if table is None else table
     # A functional graph writes nothing: only track reads for the storages some node writes.
-    writes = {n: writes_of(a, n) for n in compute if _writes_anything(n)}
-    reads_since_write: dict[Node, list[Node]] = {r: [] for ws in writes.values() for r in ws}
-
-    def reads(node: Node) -> list[Node]:
-        return _read_roots(node, root, tensor)
+    reads_since_write: dict[Node, list[Node]] = {r: [] for _, ws in table.values() for r in ws}
 
     for node in a.nodes:
         if node not in compute:
             if node.op == "output":
                 s = s_of[node]
-                for r in reads(node):
+                for r in table[node][0]:
                     w = last_writer.get(r) or made_by.get(r, r)
                     if same_stream or s_of[w] != s:
                         reqs.append(Requirement("exit", w, node, r))
                 reqs += exit_joins(a, node)
             continue
         s = s_of[node]
-        mine = writes.get(node, ())
-        for r in reads(node):
+        reads, mine = table[node]
+        for r in reads:
             if r in mine:
                 continue
             w = last_writer.get(r) or made_by.get(r, r)

@@ -82,6 +82,12 @@ class WorkGraph:
 
     def critical_path(self) -> list[Node]:
         """The longest chain of dependencies by cost-model time (networkx ``dag_longest_path``)."""
+        cached = self.__dict__.get("_critical_path")
+        if cached is None:
+            cached = self.__dict__["_critical_path"] = self._longest_path()
+        return list(cached)
+
+    def _longest_path(self) -> list[Node]:
         if not self.nodes:
             return []
         g = nx.DiGraph()

@@ -19,6 +19,7 @@ import torch.fx
 
 from streampass import ops
 from streampass.analysis.reading import StreamAssignment, annotated_stream
+from streampass.analysis.requirements import accesses, requirements
 from streampass.assign.memory import live_peak, ordering_deps
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel
@@ -189,6 +190,7 @@ class Pricer:
         self.times: dict = {n: known[n] if n in known else model.node_time(n) for n in a.nodes}
         self.cpu_floor: float | None = None
         self.sizes: dict[Node, int] = {}
+        self.table = accesses(self.a)  # what each node reads and writes: the same for every candidate
 
     def bound(self, w, streams: Mapping[Node, int]) -> float:
         """A lower bound on ``self(streams).makespan`` for a candidate over the whole
@@ -213,7 +215,7 @@ class Pricer:
 
     def __call__(self, streams: Mapping[Node, int]) -> Priced:
         a = restreamed(self.a, streams) if streams else self.a
-        plan = plan_syncs(a)
+        plan = plan_syncs(a, reqs=requirements(a, table=self.table))
         profile = self.model.profile
         steps = list(plan_steps(a, plan))
         planned = {key: profile.sync_cost for key, *_ in steps if isinstance(key, _Planned)}

@@ -186,16 +186,27 @@ def ideal_makespan(nodes, stream, preds, times, profile: DeviceProfile, cpu_laun
     >>> ideal_makespan(["a", "b", "c"], {"a": 0, "b": 1, "c": 0}, {"c": ["a", "b"]}, t, PROFILES["h100"], False)
     2e-05
     """
-    items: dict = {}
+    # run_items on kernels gated on their predecessors, without building the items (a
+    # predecessor on the same stream ended before the stream's previous kernel did).
+    launch = profile.launch_overhead if cpu_launch else 0.0
+    cpu = makespan = 0.0
+    end: dict = {}
+    last_end: dict[int, float] = {}
     for n in nodes:
         t = times[n]
-        cpu = min(t, profile.launch_overhead) if cpu_launch else 0.0
+        issue = t if t < launch else launch
+        cpu += issue
         s = stream[n]
-        item = items[n] = _Item(n, s, t - cpu, cpu, "kernel")
-        item.gates = [items[u] for u in preds.get(n, ()) if stream[u] != s]
-    its = list(items.values())
-    cpu_end = run_items(its)
-    return max([cpu_end] + [it.end for it in its])
+        start = last_end.get(s, cpu)
+        if cpu > start:
+            start = cpu
+        for u in preds.get(n, ()):
+            if end[u] > start:
+                start = end[u]
+        end[n] = last_end[s] = start + (t - issue)
+        if end[n] > makespan:
+            makespan = end[n]
+    return max(cpu, makespan)
 
 
 def _dependencies(a: StreamAssignment) -> list[tuple[str, Node, Node]]:

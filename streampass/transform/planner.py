@@ -162,7 +162,7 @@ class Planner:
 
     def _already_held(self, values: list[CrossStreamValue]) -> set[Node]:
         """Values the graph's own syncs already keep safe from early reuse (as verify judges)."""
-        if not values:
+        if not values or not self.a.syncs:  # only a wait or a record_stream of the graph can
             return set()
         dag = StreamDAG(self.a)
         keep, recorded = keepalive_waits(dag), recorded_streams(self.a)
