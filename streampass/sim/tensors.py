@@ -79,10 +79,11 @@ def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes of memory ``t`` covers: numel, or less for broadcast (stride-0) tensors."""
     try:
         itemsize = t.dtype.itemsize
-        sizes = [hint(s) for s in t.shape]
-        strides = [hint(s) for s in t.stride()]
+        sizes, strides = t.shape, t.stride()
     except Exception:
         return 0
+    if not all(type(s) is int for s in (*sizes, *strides)):  # symbolic: by hint
+        sizes, strides = [hint(s) for s in sizes], [hint(s) for s in strides]
     if any(s is None for s in sizes):
         return 0
     count = 1
