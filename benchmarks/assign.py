@@ -7,9 +7,13 @@ race-free by ``streampass.run`` and simulated (H100 profile, ``cpu_launch=True``
 ``streampass.assign_streams``. Prints a table and writes benchmarks/results/assign.json.
 
     python benchmarks/assign.py [--max-streams 4] [--keep-fusions]
+    python benchmarks/assign.py --scale 1 4 16 32
 
 ``--keep-fusions`` prices as ``assign="auto"`` does inside torch.compile: each chain inductor
-fuses stays on one stream (in the baselines too) and costs one kernel.
+fuses stays on one stream (in the baselines too) and costs one kernel. ``--scale`` measures
+``assign_streams`` against the ``run`` that follows it on the training graph (forward and
+backward) of a stack of that many transformer blocks instead, and writes
+benchmarks/results/assign_scale.json.
 """
 
 from __future__ import annotations
@@ -116,6 +120,20 @@ def resnet_fw_bw():
     return drop_streams(make_fx(f)(x.requires_grad_(), *[p.detach().requires_grad_() for p in params.values()]))
 
 
+def transformer_stack(layers: int):
+    """The forward and backward of ``layers`` of bench_models' transformer block, one graph."""
+    blocks = torch.nn.Sequential(*[bench_models.TransformerBlock() for _ in range(layers)]).to("meta", BF16)
+    params = dict(blocks.named_parameters())
+    names = list(params)
+
+    def f(x, *ps):
+        out = torch.func.functional_call(blocks, dict(zip(names, ps)), (x,))
+        return torch.autograd.grad(out.sum(), [x, *ps])
+
+    x = meta(8, 1024, 1024).requires_grad_()
+    return drop_streams(make_fx(f)(x, *[p.detach().requires_grad_() for p in params.values()]))
+
+
 GRAPHS = {
     "inception (4 branches)": inception,
     "inception, batch 256": lambda: inception(256),
@@ -195,6 +213,50 @@ def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: 
     )
 
 
+def scale(layers: list[int], model: CostModel, max_streams: int, repeat: int = 3) -> list[dict]:
+    """``assign_streams`` against the ``run`` that follows it on ever larger training graphs
+    (best of ``repeat`` each, after one untimed call of each on the graph)."""
+    rows = []
+    for n in layers:
+        gm = transformer_stack(n)
+        choice = sp.assign_streams(gm, model, max_streams=max_streams)
+        choice = min(
+            [choice] + [sp.assign_streams(gm, model, max_streams=max_streams) for _ in range(repeat)],
+            key=lambda c: c.seconds,
+        )
+        run_s = float("inf")
+        for _ in range(repeat + 1):
+            applied = annotated_copy(gm, {})
+            choice.apply(applied)
+            t0 = time.perf_counter()
+            result = sp.run(applied, bind_runtime=False)
+            run_s = min(run_s, time.perf_counter() - t0)
+        assert result.ok and result.waits_added == choice.waits, n
+        rows.append(
+            dict(
+                layers=n,
+                nodes=len(gm.graph.nodes),
+                compute_nodes=len(choice.streams),
+                assign_s=choice.seconds,
+                run_s=run_s,
+                assign_over_run=choice.seconds / run_s,
+                priced=len(choice.candidates),
+                skipped=len(choice.skipped),
+                candidate=choice.candidate,
+                makespan_us=choice.makespan * 1e6,
+                single_stream_us=choice.single_stream * 1e6,
+            )
+        )
+        r = rows[-1]
+        print(
+            f"{n:3d} layers {r['nodes']:6d} nodes: assign {r['assign_s'] * 1e3:8.1f} ms, run {r['run_s'] * 1e3:8.1f} ms, "
+            f"assign / run {r['assign_over_run']:.2f}; {r['priced']} priced, {r['skipped']} skipped; "
+            f"{r['candidate']}: {r['makespan_us']:.0f} us against {r['single_stream_us']:.0f} us on one stream",
+            flush=True,
+        )
+    return rows
+
+
 def pictures(folder: Path, model: CostModel, max_streams: int) -> None:
     """docs/img/assign_moe_*.svg: the MoE layer's simulated schedule on one stream and as chosen."""
     from streampass.view.schedule import schedule_svg
@@ -244,8 +306,19 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--picture", metavar="DIR", help="also write the MoE layer's schedules (one stream, chosen) as SVG here"
     )
+    ap.add_argument(
+        "--scale", type=int, nargs="+", metavar="LAYERS", help="time assign against run on transformer stacks instead"
+    )
     args = ap.parse_args(argv)
     model = CostModel("h100")
+    if args.scale:
+        rows = scale(args.scale, model, args.max_streams)
+        out = Path(args.out or Path(__file__).resolve().parent / "results" / "assign_scale.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        info = dict(profile="h100", cpu_launch=True, max_streams=args.max_streams, torch=torch.__version__)
+        out.write_text(json.dumps(dict(meta=info, results=rows), indent=1) + "\n")
+        print(f"wrote {out}")
+        return
     if args.picture:
         pictures(Path(args.picture), model, args.max_streams)
     results = []

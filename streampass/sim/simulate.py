@@ -1,4 +1,4 @@
-"""Simulate how a multi-stream graph runs: a discrete-event schedule from the cost model.
+"""Simulate how a multi-stream graph runs: a schedule from the cost model, played in issue order.
 
 ``simulate(gm)`` plays the graph the way the device would run it: one CPU thread issues the
 nodes in graph order; each stream runs what was issued to it in order, one node at a time;
