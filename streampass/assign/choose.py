@@ -231,13 +231,23 @@ def assign_streams(
     if max_streams < 1:
         raise ValueError("max_streams must be at least 1")
     with collector_paused():  # as run pauses it, and for the same reason (docs/design.md)
-        choice = _assign(gm, _model(cost), max_streams, memory_budget, cpu_launch, external_events, side_streams,
-                         exhaustive, keep_fusions)  # fmt: skip
+        choice = _choose(
+            gm,
+            _model(cost),
+            max_streams,
+            memory_budget,
+            cpu_launch,
+            external_events,
+            side_streams,
+            exhaustive,
+            keep_fusions,
+        )
     choice.seconds = time.perf_counter() - t0
     return choice
 
 
-def _assign(gm, model, max_streams, memory_budget, cpu_launch, external_events, side_streams, exhaustive, keep_fusions):
+def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, side_streams, exhaustive, keep_fusions):
+    """:func:`assign_streams` itself (its caller keeps the collector paused and the time)."""
     events = tuple(external_events) or tuple((gm.meta.get("streampass") or {}).get("external_events", ()))
     a = read_streams(gm, events)
     groups = fusion_groups(a) if keep_fusions else None

@@ -150,27 +150,20 @@ def run_items(items: list[_Item]) -> float:
     last_end: dict[int, float] = {}
     for it in items:
         it.issued = cpu
-        gates = it.gates
-        if it.stream is not None:
-            cpu += it.cpu  # the work reaches its stream when the launch call returns
-            start = last_end.get(it.stream, cpu)
-            if cpu > start:
-                start = cpu
-            for g in gates:
+        cpu += it.cpu  # a kernel reaches its stream when the launch call returns
+        held = cpu if it.stream is None else max(cpu, last_end.get(it.stream, cpu))
+        if it.stream is not None or it.block_cpu:
+            for g in it.gates:
                 if not g.done:
                     raise AssertionError(f"{it.node.name} is gated on {g.node.name}, which is issued after it")
-                if g.end > start:
-                    start = g.end
-            it.start, it.end, it.done = start, start + it.dur, True
+                if g.end > held:
+                    held = g.end
+        if it.stream is None:  # on the CPU: a synchronize returns when its gates are done
+            it.start, it.end, cpu = it.issued, held, held
+        else:
+            it.start, it.end = held, held + it.dur
             last_end[it.stream] = it.end
-            continue
-        it.start = cpu
-        cpu += it.cpu
-        if it.block_cpu:
-            for g in gates:
-                if g.end > cpu:
-                    cpu = g.end
-        it.end, it.done = cpu, True
+        it.done = True
     return cpu
 
 
