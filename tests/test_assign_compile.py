@@ -66,7 +66,7 @@ def test_auto_streams_compile_equal_eager_and_are_verified(training):
     for r in p.reports:
         assert r.assigned["side_streams"] >= 1, r.line()
         assert r.assigned["predicted_us"] < r.assigned["one_stream_us"]
-        assert len(r.streams) == r.assigned["side_streams"] + 1
+        assert len(r.streams) == r.assigned["side_streams"] + 1 == r.assigned["new_streams"] + 1
         assert all(s == 0 or s >= AUTO_STREAMS for s in r.streams)  # clear of dynamo's table
         assert sp.verify(r.verified_graph).ok and r.waits_added > 0
         # What inductor will fuse is on one stream: it never fuses across streams.
@@ -94,6 +94,10 @@ def test_auto_keeps_the_programs_own_streams():
     mine = [n for n in kept.nodes if n.meta.get("custom", {}).get("stream") == 1 and kept.is_compute(n)]
     assert {n.target for n in mine} >= {torch.ops.aten.mm.default, torch.ops.aten.relu.default}
     assert 1 in r.streams and r.assigned["side_streams"] >= 1
+    # The log line tells the program's stream from the ones the choice added.
+    added = r.assigned["new_streams"]
+    assert r.assigned["side_streams"] == added + 1 and len(r.streams) == added + 2
+    assert f": {added} new side stream(s) next to the program's 1, predicted" in r.line()
 
 
 def test_auto_leaves_small_kernels_on_one_stream():
@@ -103,7 +107,7 @@ def test_auto_leaves_small_kernels_on_one_stream():
     got, _ = _compile(model, x, p, training=False)
     torch.testing.assert_close(got, model(x))
     (r,) = p.reports
-    assert r.assigned["side_streams"] == 0 and r.streams == [0] and r.waits_added == 0
+    assert r.assigned["side_streams"] == r.assigned["new_streams"] == 0 and r.streams == [0] and r.waits_added == 0
 
 
 def test_the_options_are_in_the_cache_key():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch.fx
 
 from streampass.assign.choose import StreamChoice, assign_streams
+from streampass.ops import AMBIENT
 from streampass.transform.plan import EVENT_BASE
 
 #: Side streams ``assign="auto"`` creates take indices from here up: far above dynamo's object
@@ -33,9 +34,11 @@ def cost_key(cost) -> str:
 
 
 def note(a: dict) -> str:
+    own = a["side_streams"] - a["new_streams"]
     return (
-        f"; assign=auto chose {a['candidate']!r}: {a['side_streams']} side stream(s), predicted "
-        f"{a['predicted_us']} us against {a['one_stream_us']} us on one stream"
+        f"; assign=auto chose {a['candidate']!r}: {a['new_streams']} new side stream(s)"
+        + (f" next to the program's {own}" if own else "")
+        + f", predicted {a['predicted_us']} us against {a['one_stream_us']} us on one stream"
     )
 
 
@@ -46,16 +49,21 @@ def summary(choice: StreamChoice | None) -> dict | None:
     >>> from torch.fx.experimental.proxy_tensor import make_fx
     >>> m = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
     >>> s = summary(sp.assign_streams(make_fx(lambda x, w: (x @ w).relu() + (x @ w.t()).sigmoid())(m, m)))
-    >>> s["side_streams"], s["predicted_us"] < s["one_stream_us"]
-    (1, True)
-    >>> note(s).startswith("; assign=auto chose")
+    >>> s["side_streams"], s["new_streams"], s["predicted_us"] < s["one_stream_us"]
+    (1, 1, True)
+    >>> ": 1 new side stream(s), predicted" in note(s)
     True
+
+    ``side_streams`` counts every side stream the graph runs on after the choice, the program's
+    own included; ``new_streams`` those the choice added.
     """
     if choice is None:
         return None
+    own = {s for name, s in choice.streams.items() if name not in choice.free}
     return {
         "candidate": choice.candidate,
         "side_streams": len(choice.used) - 1,
+        "new_streams": len(set(choice.used) - own - {AMBIENT}),
         "predicted_us": round(choice.makespan * 1e6, 1),
         "one_stream_us": round(choice.single_stream * 1e6, 1),
     }
