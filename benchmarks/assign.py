@@ -173,17 +173,7 @@ def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: 
         e = evaluate(gm, label, {n.name: s for n, s in streams.items()}, free, model)
         assert e.schedule.ok, (name, label)
         rows[label] = dict(makespan_us=e.makespan * 1e6, waits=e.waits, peak_mib=e.peak_bytes / 2**20, streams=e.used)
-    # Best of REPEAT for both timings: the first call of either warms caches the other shares.
-    choices = [sp.assign_streams(gm, base, max_streams=max_streams, keep_fusions=fused) for _ in range(REPEAT)]
-    choice = min(choices, key=lambda c: c.seconds)
-    run_s = float("inf")
-    for _ in range(REPEAT):
-        applied = annotated_copy(gm, {})
-        choice.apply(applied)
-        t0 = time.perf_counter()
-        result = sp.run(applied, bind_runtime=False)
-        run_s = min(run_s, time.perf_counter() - t0)
-    assert result.ok and result.waits_added == choice.waits, name
+    choice, run_s, applied = timed_choice(gm, base, max_streams, REPEAT, fused)
     assert math.isclose(sp.simulate(applied, model, cpu_launch=True).makespan, choice.makespan, rel_tol=1e-9), name
     rows["assign_streams"] = dict(
         makespan_us=choice.makespan * 1e6,
@@ -213,25 +203,29 @@ def measure(name: str, gm: torch.fx.GraphModule, model: CostModel, max_streams: 
     )
 
 
-def scale(layers: list[int], model: CostModel, max_streams: int, repeat: int = 3) -> list[dict]:
+def timed_choice(gm, model: CostModel, max_streams: int, repeat: int, fused: bool = False):
+    """``(choice, run seconds, the graph as assigned and run)``: the best of ``repeat`` for both
+    timings (the first call of either warms caches the other shares)."""
+    choices = [sp.assign_streams(gm, model, max_streams=max_streams, keep_fusions=fused) for _ in range(repeat)]
+    choice = min(choices, key=lambda c: c.seconds)
+    run_s = float("inf")
+    for _ in range(repeat):
+        applied = annotated_copy(gm, {})
+        choice.apply(applied)
+        t0 = time.perf_counter()
+        result = sp.run(applied, bind_runtime=False)
+        run_s = min(run_s, time.perf_counter() - t0)
+    assert result.ok and result.waits_added == choice.waits
+    return choice, run_s, applied
+
+
+def scale(layers: list[int], model: CostModel, max_streams: int, repeat: int = 4) -> list[dict]:
     """``assign_streams`` against the ``run`` that follows it on ever larger training graphs
-    (best of ``repeat`` each, after one untimed call of each on the graph)."""
+    (best of ``repeat`` each)."""
     rows = []
     for n in layers:
         gm = transformer_stack(n)
-        choice = sp.assign_streams(gm, model, max_streams=max_streams)
-        choice = min(
-            [choice] + [sp.assign_streams(gm, model, max_streams=max_streams) for _ in range(repeat)],
-            key=lambda c: c.seconds,
-        )
-        run_s = float("inf")
-        for _ in range(repeat + 1):
-            applied = annotated_copy(gm, {})
-            choice.apply(applied)
-            t0 = time.perf_counter()
-            result = sp.run(applied, bind_runtime=False)
-            run_s = min(run_s, time.perf_counter() - t0)
-        assert result.ok and result.waits_added == choice.waits, n
+        choice, run_s, _ = timed_choice(gm, model, max_streams, repeat)
         rows.append(
             dict(
                 layers=n,
