@@ -16,7 +16,7 @@ import torch.fx
 
 from streampass import ops
 from streampass.analysis.reading import StreamAssignment
-from streampass.analysis.requirements import requirements
+from streampass.analysis.requirements import Accesses, accesses, requirements
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
 
@@ -61,6 +61,8 @@ class WorkGraph:
     ``time[n]``: the cost model's seconds (one launch included); ``device[n]``: that time less
     the launch overhead, the part that other streams can overlap. ``fixed``: node -> (stream,
     why). ``nx``: the dependency DAG over the nodes (networkx, edges ``before -> after``).
+    ``accesses``: what each node reads and writes (``requirements.accesses``), which every
+    candidate's sync plan reuses.
     """
 
     nodes: list[Node]
@@ -71,6 +73,7 @@ class WorkGraph:
     fixed: dict[Node, tuple[int, str]]
     profile: DeviceProfile
     nx: nx.DiGraph = field(repr=False, default_factory=nx.DiGraph)
+    accesses: Accesses = field(repr=False, default_factory=dict)
 
     @property
     def free(self) -> list[Node]:
@@ -153,7 +156,8 @@ def work_graph(a: StreamAssignment, model: CostModel) -> WorkGraph:
     nodes = [n for n in a.nodes if a.is_compute(n)]
     preds: dict[Node, list[Node]] = {n: [] for n in nodes}
     succs: dict[Node, list[Node]] = {n: [] for n in nodes}
-    reqs, _ = requirements(a, same_stream=True)
+    table = accesses(a)
+    reqs, _ = requirements(a, same_stream=True, table=table)
     g = nx.DiGraph()
     g.add_nodes_from(nodes)
     for r in reqs:
@@ -166,4 +170,4 @@ def work_graph(a: StreamAssignment, model: CostModel) -> WorkGraph:
     launch = model.profile.launch_overhead
     time = {n: model.node_time(n) for n in nodes}
     device = {n: max(0.0, t - launch) for n, t in time.items()}
-    return WorkGraph(nodes, preds, succs, time, device, fixed_streams(a), model.profile, g)
+    return WorkGraph(nodes, preds, succs, time, device, fixed_streams(a), model.profile, g, table)

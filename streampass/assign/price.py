@@ -171,7 +171,7 @@ class Pricer:
     """Prices candidates of one graph: ``Pricer(a, model)(streams)`` -> :class:`Priced`.
 
     ``times``: node -> cost-model seconds, computed once (``known`` may pass the ones a
-    :class:`~streampass.assign.dag.WorkGraph` already has).
+    :class:`~streampass.assign.dag.WorkGraph` already has, and ``table`` its ``accesses``).
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -184,13 +184,14 @@ class Pricer:
     (0, True, True)
     """
 
-    def __init__(self, a: StreamAssignment, model: CostModel, cpu_launch: bool = True, known=None):
+    def __init__(self, a: StreamAssignment, model: CostModel, cpu_launch: bool = True, known=None, table=None):
         self.a, self.model, self.cpu_launch = hoisted(a), model, cpu_launch
         known = known or {}
         self.times: dict = {n: known[n] if n in known else model.node_time(n) for n in a.nodes}
         self.cpu_floor: float | None = None
         self.sizes: dict[Node, int] = {}
-        self.table = accesses(self.a)  # what each node reads and writes: the same for every candidate
+        # What each node reads and writes: the same for every candidate, and for every order.
+        self.table = accesses(self.a) if table is None else table
 
     def bound(self, w, streams: Mapping[Node, int]) -> float:
         """A lower bound on ``self(streams).makespan`` for a candidate over the whole
