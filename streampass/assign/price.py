@@ -191,7 +191,7 @@ class Pricer:
         self.cpu_floor: float | None = None
         self.sizes: dict[Node, int] = {}
         # What each node reads and writes: the same for every candidate, and for every order.
-        self.table = accesses(self.a) if table is None else table
+        self.table = table or accesses(self.a)  # a WorkGraph built by hand has an empty one
 
     def bound(self, w, streams: Mapping[Node, int]) -> float:
         """A lower bound on ``self(streams).makespan`` for a candidate over the whole
