@@ -117,11 +117,14 @@ HERE = [p for p in PROGRAMS if p.since <= TORCH]
 NEWER = [p for p in PROGRAMS if p.since > TORCH]
 
 
+@pytest.mark.parametrize("assign", [None, "auto"])
 @pytest.mark.parametrize("p", HERE, ids=[p.name for p in HERE])
-def test_upstream_program(p: Program):
+def test_upstream_program(p: Program, assign):
+    """``assign="auto"``: the same, with streampass also choosing streams for the nodes the
+    program left unplaced (issue 15): the program's own streams and syncs stay as they are."""
     owner_c, compiled_fn = _target(p)
     compiled = torch.compile(compiled_fn, fullgraph=p.fullgraph)
-    passes = spi.StreamPass(keep_graphs=True)
+    passes = spi.StreamPass(keep_graphs=True, assign=assign)
     if p.raises is not None:
         with pytest.raises(p.raises, match=p.match or None), spi.enabled(passes):
             compiled(*_inputs(p))
