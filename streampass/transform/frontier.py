@@ -107,19 +107,16 @@ class StillNeeded:
     """
 
     def __init__(self, counts: list[int], demands: list[Demand]):
-        self.parent = [list(range(c + 1)) for c in counts]  # position 0 is always "needed"
+        # Every position not needed points one down; position 0 is always "needed".
+        self.parent = [[0, *range(c)] for c in counts]
         last: dict[tuple[int, int], int] = {}
         for k, d in enumerate(demands):
             for sp in d.slots:
                 last[sp] = k
         self.retire: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for sp, k in last.items():
-            self.retire[k].append(sp)
-        needed = {sp for sp in last}
-        for s, c in enumerate(counts):
-            for p in range(1, c + 1):
-                if (s, p) not in needed:
-                    self.parent[s][p] = p - 1
+        for (s, p), k in last.items():
+            self.retire[k].append((s, p))
+            self.parent[s][p] = p
 
     def find(self, s: int, v: int) -> int:
         parent = self.parent[s]

@@ -45,12 +45,20 @@ class Planner:
         self.streams = a.streams
         self.slot = {s: i for i, s in enumerate(self.streams)}
         self.pos: dict[Node, int] = {}
-        counts = [0] * len(self.streams)
+        self.on: list[list[Node]] = [[] for _ in self.streams]  # per stream slot: its nodes, in order
         for n in a.nodes:
-            i = self.slot[a.stream[n]]
-            counts[i] += 1
-            self.pos[n] = counts[i]
+            on = self.on[self.slot[a.stream[n]]]
+            on.append(n)
+            self.pos[n] = len(on)
+        self.counts = [len(on) for on in self.on]
         self.plan = SyncPlan(a, first_event=first_free_event(a))
+        self.record_at: dict[tuple[int, int], tuple[Node, int]] = {}
+        self._ends: dict[tuple[int, int], int] = {}
+        recorded: dict[int, int] = defaultdict(int)
+        for call in a.syncs.values():
+            if call.target is ops.RECORD_EVENT:
+                recorded[call.args[0]] += 1
+        self._once = {e for e, k in recorded.items() if k == 1}  # events the graph records once
 
     # -- shared by the search and the walk ------------------------------------------------
     def _fresh(self) -> Clocks:
@@ -71,13 +79,15 @@ class Planner:
         # on them: they cannot carry the data dependencies that keep the order under reordering.
 
     def _unmet(self, clk: Clocks, issued: list[int], d: Demand) -> list[tuple[int, int]]:
-        b = d.stream
-        return [(s, p) for s, p in d.slots if clk.know(issued, b, s) < p]
+        b, k = d.stream, clk.k
+        base = b * clk.n  # clk.know, inlined: this runs for every demand of every search state
+        return [(s, p) for s, p in d.slots if (issued[s] if s == b else k[base + s]) < p]
 
     def _record_point(self, a: int, p: int, issued: list[int]) -> int:
         """Where a wait for stream a's node p records: past the nodes after p that do no work
         (an existing record there is reused), but never past what a has issued so far."""
-        return min(self.reusable.get((a, p), p), issued[a])
+        end = self._stretch_end(a, p)
+        return min(end if p < end else p, issued[a])
 
     def _sources(self, clk: Clocks, issued: list[int], d: Demand, unmet) -> dict[int, int]:
         """Candidate streams to wait on, each with the point its record would sit at.
@@ -102,6 +112,10 @@ class Planner:
         points = self._sources(clk, issued, d, unmet)
         snaps = {a: clk.snap(a, p) for a, p in points.items()}
         useful = sorted(a for a, r in snaps.items() if any(r[s] >= p for s, p in unmet))
+        if len(useful) == 1:  # the common case: one producer stream
+            (a,) = useful
+            joined = snaps[a]  # a fresh list: snap copies
+            return [((a,), joined)] if all(joined[s] >= p for s, p in unmet) else []
         out = []
         for size in range(1, len(useful) + 1):
             for combo in itertools.combinations(useful, size):
@@ -116,15 +130,22 @@ class Planner:
             self.slot[stream], needs, before, on_gate, slots, at_exit=before.op == "output", free_point=free_point
         )
 
-    def _events(self, reqs, values: list[CrossStreamValue]):
-        """The walk: ("issue", node) and ("demand", Demand) in issue order."""
+    def _events(self, reqs, values: list[CrossStreamValue]) -> list:
+        """The walk, in issue order: ``("demand", Demand, issued)`` and, for each stream op the
+        graph already has, ``("sync", (node, call), issued)``, where ``issued`` counts each
+        stream's nodes issued so far (the op itself included). The other nodes only advance
+        those counts, so they are folded into them."""
         plan = self.plan
         by_consumer: dict[Node, list] = defaultdict(list)
         for r in reqs:
             by_consumer[r.after].append((r.before, r.value))
         held = self._already_held(values)
+        slot, stream_of, syncs = self.slot, self.a.stream, self.a.syncs
+        issued = [0] * len(self.streams)
+        out: list = []
         for node in self.a.nodes:
             if node.op == "output":
+                now = tuple(issued)
                 # Free points first, then the exit joins: a side stream's free-point waits come
                 # before the ambient stream's last wait on it (capturable, docs/plan.md §6).
                 for cv in values:
@@ -133,32 +154,30 @@ class Planner:
                     # The value's stream waits for every reader before the value may be freed;
                     # the value rides on that wait, so it stays alive until the wait is issued.
                     readers = [(r, None) for rs in cv.readers.values() for r in rs]
-                    yield (
-                        "demand",
-                        self._demand(
-                            cv.stream,
-                            readers,
-                            node,
-                            lambda g, _v, v=cv.value: plan.keepalive[g].append(v),
-                            free_point=True,
-                        ),
+                    demand = self._demand(
+                        cv.stream,
+                        readers,
+                        node,
+                        lambda g, _v, v=cv.value: plan.keepalive[g].append(v),
+                        free_point=True,
                     )
+                    out.append(("demand", demand, now))
                 needs = by_consumer.get(node)
                 if needs:
-                    yield (
-                        "demand",
-                        self._demand(
-                            self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
-                        ),
+                    demand = self._demand(
+                        stream_of[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))
                     )
-                return
+                    out.append(("demand", demand, now))
+                return out
             needs = by_consumer.get(node)
             if needs:
-                yield (
-                    "demand",
-                    self._demand(self.a.stream[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v))),
-                )
-            yield "issue", node
+                demand = self._demand(stream_of[node], needs, node, lambda g, v, c=node: plan.protect[g].append((c, v)))
+                out.append(("demand", demand, tuple(issued)))
+            issued[slot[stream_of[node]]] += 1
+            call = syncs.get(node)
+            if call is not None:
+                out.append(("sync", (node, call), tuple(issued)))
+        return out
 
     def _already_held(self, values: list[CrossStreamValue]) -> set[Node]:
         """Values the graph's own syncs already keep safe from early reuse (as verify judges)."""
@@ -170,27 +189,37 @@ class Planner:
 
     # -- 1. search: which sources each demand waits on ---------------------------------------
     def _search(self, events: list) -> list[tuple[int, ...]]:
-        issued = [0] * len(self.streams)
-        counts = [0] * len(self.streams)
-        for n in self.a.nodes:
-            counts[self.slot[self.a.stream[n]]] += 1
-        still = StillNeeded(counts, [item for kind, item in events if kind == "demand"])
+        still = StillNeeded(self.counts, [item for kind, item, _ in events if kind == "demand"])
         k = pruned = 0
         frontier: list[tuple[int, Clocks, tuple]] = [(0, self._fresh(), ())]
         self._shared = [1] * len(self.streams)  # history entries all states have in common
-        for kind, item in events:
-            if kind == "issue":
-                issued[self.slot[self.a.stream[item]]] += 1
-                call = self.a.syncs.get(item)
-                if call is not None:
-                    for _, clk, _ in frontier:
-                        self._sync(clk, issued, item, call)
+        stale = False  # whether a sync of the graph may have grown a history since _shared was taken
+        for kind, item, issued in events:
+            if kind == "sync":
+                node, call = item
+                for _, clk, _ in frontier:
+                    self._sync(clk, issued, node, call)
+                stale = True
                 continue
+            if len(frontier) == 1:
+                cost, clk, hist = frontier[0]
+                unmet = self._unmet(clk, issued, item)
+                if not unmet:  # the common case: one state, nothing to wait for
+                    frontier = [(cost, clk, (hist, ()))]
+                    still.done(k)
+                    k += 1
+                    pruned = k
+                    if stale:  # else nothing changed it since it was taken
+                        self._shared = [len(h) for h in clk.hpos]
+                        stale = False
+                    continue
+                states = [(cost, clk, hist, unmet)]
+            else:
+                states = [(cost, clk, hist, self._unmet(clk, issued, item)) for cost, clk, hist in frontier]
             grown = []
             b = item.stream
             moved = False
-            for cost, clk, hist in frontier:
-                unmet = self._unmet(clk, issued, item)
+            for cost, clk, hist, unmet in states:
                 if not unmet:
                     grown.append((cost, clk, (hist, ())))
                     continue
@@ -211,6 +240,7 @@ class Planner:
                 frontier = grown
             if len(frontier) == 1:
                 self._shared = [len(h) for h in frontier[0][1].hpos]
+                stale = False
         best = min(frontier, key=lambda t: t[0])[2]
         choices = []
         while best:
@@ -258,14 +288,11 @@ class Planner:
                 gate.used = True
             return gate
 
-        issued = [0] * n
         picks = iter(choices)
-        for kind, item in events:
-            if kind == "issue":
-                issued[self.slot[self.a.stream[item]]] += 1
-                call = self.a.syncs.get(item)
-                if call is not None:
-                    self._sync(clk, issued, item, call, gained)
+        for kind, item, issued in events:
+            if kind == "sync":
+                node, call = item
+                self._sync(clk, issued, node, call, gained)
                 continue
             b = item.stream
             combo = next(picks)
@@ -283,60 +310,50 @@ class Planner:
 
     def run(self, reqs=None) -> SyncPlan:
         reqs, values = reqs if reqs is not None else requirements(self.a)
-        self._find_reusable_records()
-        events = list(self._events(reqs, values if self.dealloc else []))
+        events = self._events(reqs, values if self.dealloc else [])
         choices = self._search(events)
         self._walk(events, choices)
         self._place_records()
         join_free_points(self.plan)
         return self.plan
 
-    def _find_reusable_records(self) -> None:
-        """Where a record for "stream a up to its node p" can go without waiting for more work.
+    def _stretch_end(self, s: int, p: int) -> int:
+        """Where a record for "stream s up to its node p" can go without waiting for more work.
 
         Nodes that do no work on the device (inputs, attributes, getitems, records) can be
-        passed over: the record point for p moves to the last of them before a's next real
+        passed over: a *stretch* is a node that works (or the stream's start) and the
+        passable nodes after it, and the record point for any of them is the stretch's last
         node, so every input is covered by one record at entry. An existing record of the
-        graph (of an event recorded once) in that stretch is reused instead of adding one.
+        graph (of an event recorded once) in the stretch is reused instead of adding one: its
+        position is the stretch's end. Computed for the stretches the walk asks about only.
         """
-        self.reusable: dict[tuple[int, int], int] = {}
-        self.record_at: dict[tuple[int, int], tuple[Node, int]] = {}
-        self.node_at: dict[tuple[int, int], Node] = {}
-        recorded: dict[int, int] = defaultdict(int)
-        for call in self.a.syncs.values():
-            if call.target is ops.RECORD_EVENT:
-                recorded[call.args[0]] += 1
-        stretch: dict[int, list[int]] = defaultdict(list)  # per stream: positions since its last work
-        found: dict[int, int] = {}  # per stream: an existing record in the current stretch
-        count: dict[int, int] = defaultdict(int)
+        end = self._ends.get((s, p))
+        if end is not None:
+            return end
+        on, syncs = self.on[s], self.a.syncs
 
-        def close(s: int) -> None:
-            points = stretch.pop(s, [])
-            if points:
-                end = found.get(s, points[-1])
-                for q in points:
-                    if q < end:
-                        self.reusable[s, q] = end
-            found.pop(s, None)
+        def passable(n: Node) -> bool:
+            call = syncs.get(n)
+            if call is not None:
+                return call.target is ops.RECORD_EVENT
+            return n.op in ("placeholder", "get_attr") or does_no_work(n)
 
-        for node in self.a.nodes:
-            s = self.slot[self.a.stream[node]]
-            count[s] += 1
-            p = count[s]
-            self.node_at[s, p] = node
-            call = self.a.syncs.get(node)
-            if call is not None and call.target is ops.RECORD_EVENT:
-                if recorded[call.args[0]] == 1 and s not in found:
-                    found[s] = p
-                    self.record_at[s, p] = (node, call.args[0])
-                stretch[s].append(p)
-            elif node.op in ("placeholder", "get_attr") or does_no_work(node):
-                stretch[s].append(p)
-            else:
-                close(s)  # real work (or a wait, which would add a dependency): the stretch ends
-                stretch[s].append(p)
-        for s in list(stretch):
-            close(s)
+        first = p
+        while first > 1 and passable(on[first - 1]):
+            first -= 1
+        last = p
+        while last < len(on) and passable(on[last]):  # on[last] is position last + 1
+            last += 1
+        end = last
+        for q in range(first, last + 1):
+            call = syncs.get(on[q - 1])
+            if call is not None and call.target is ops.RECORD_EVENT and call.args[0] in self._once:
+                end = q
+                self.record_at[s, q] = (on[q - 1], call.args[0])
+                break
+        for q in range(first, last + 1):
+            self._ends[s, q] = end
+        return end
 
     def _place_records(self) -> None:
         plan = self.plan
@@ -350,7 +367,7 @@ class Planner:
                     node, ev = self.record_at[key]
                     shared[key] = PlannedRecord(w.source, ev, node, existing=node)
                 else:
-                    shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), self.node_at[key])
+                    shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), self.on[a][w.point - 1])
                     plan.records.append(shared[key])
             w.record = shared[key]
 
