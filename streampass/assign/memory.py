@@ -78,6 +78,79 @@ def ordering_deps(wrapper: torch.fx.Node) -> list[torch.fx.Node]:
     return [x for x in wrapper.args[0] if isinstance(x, torch.fx.Node)]
 
 
+class LivePeak:
+    """The estimate for one reading, prepared once: who owns each storage, what each node reads
+    or carries, how big each allocation is. None of it depends on streams, so a search that
+    prices many assignments of one graph (``assign.price``) builds it once and calls it per
+    candidate; :func:`live_peak` is the one-off form.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> a = sp.read_streams(make_fx(lambda x: (x.sin() * 2).sum())(torch.empty(1024, device="meta")))
+    >>> sin, mul, total = (a.node_named(k) for k in ("sin", "mul", "sum_1"))
+    >>> LivePeak(a)({sin: (0.0, 1.0), mul: (1.0, 2.0), total: (2.0, 3.0)}, 3.0)  # sin and mul overlap at 1.0
+    8192
+    """
+
+    def __init__(self, a: StreamAssignment, sizes: dict | None = None):
+        sizes = {} if sizes is None else sizes
+        owner = {n: a.producer.get(a.root[n], a.root[n]) for n in a.nodes}
+        self.owner = owner
+        self.allocs: list[tuple[torch.fx.Node, int]] = []  # (kernel, bytes) for storages a kernel makes
+        for n in a.nodes:
+            if a.is_compute(n) and owner[n] is n:
+                size = sizes.get(n)
+                if size is None:
+                    size = sizes[n] = value_bytes(n)
+                self.allocs.append((n, size))
+        mine = {n for n, _ in self.allocs}
+        # (node, is the output, the allocations it reads or carries): kept alive until it ends
+        self.reads: list[tuple[torch.fx.Node, bool, list[torch.fx.Node]]] = []
+        for n in a.nodes:
+            call = a.syncs.get(n)
+            owners = [owner.get(inp) for inp in (ops.input_nodes(n) if call is None else carried(call))]
+            owners = [o for o in owners if o in mine]
+            if owners:
+                self.reads.append((n, n.op == "output", owners))
+
+    def __call__(self, span: Mapping, makespan: float, holds: Iterable = ()) -> int:
+        """Peak bytes for the schedule ``span`` (node -> (start, end) of the nodes it runs),
+        ``makespan``, and ``holds`` (as :func:`live_peak`'s)."""
+        alloc: dict[torch.fx.Node, float] = {}
+        free: dict[torch.fx.Node, float] = {}
+        for n, _ in self.allocs:
+            s = span.get(n)
+            if s is not None:
+                alloc[n], free[n] = s
+        for n, is_output, owners in self.reads:
+            if is_output:
+                end = makespan
+            else:
+                s = span.get(n)
+                if s is None:
+                    continue
+                end = s[1]
+            for o in owners:
+                if o in free and end > free[o]:
+                    free[o] = end
+        owner = self.owner
+        for end, values in holds:
+            for v in values:
+                o = owner.get(v)
+                if o in free and end > free[o]:
+                    free[o] = end
+        events = []
+        for n, size in self.allocs:
+            if size and n in alloc:
+                events.append((alloc[n], 1, size))
+                events.append((free[n], 0, -size))  # at equal times, frees come first
+        live = peak = 0
+        for _, _, delta in sorted(events):
+            live += delta
+            peak = max(peak, live)
+        return peak
+
+
 def live_peak(
     a: StreamAssignment, span: Mapping, makespan: float, holds: Iterable = (), sizes: dict | None = None
 ) -> int:
@@ -85,42 +158,4 @@ def live_peak(
     schedule runs); ``holds``: ``(time, values)``: ``values`` stay alive until ``time`` at
     least (a sync's ordering dependencies until it is issued; a sync plan priced before it is
     applied adds its own); ``sizes``: a cache of :func:`value_bytes` to reuse across calls."""
-    sizes = {} if sizes is None else sizes
-    owner = {n: a.producer.get(a.root[n], a.root[n]) for n in a.nodes}
-    alloc: dict[torch.fx.Node, float] = {}
-    free: dict[torch.fx.Node, float] = {}
-    for n in a.nodes:
-        s = span.get(n)
-        if s is not None and a.is_compute(n) and owner[n] is n:
-            alloc[n], free[n] = s
-    for n in a.nodes:
-        if n.op == "output":
-            end = makespan
-        else:
-            s = span.get(n)
-            if s is None:
-                continue
-            end = s[1]
-        call = a.syncs.get(n)
-        for inp in ops.input_nodes(n) if call is None else carried(call):
-            o = owner.get(inp)
-            if o in free and end > free[o]:
-                free[o] = end
-    for end, values in holds:
-        for v in values:
-            o = owner.get(v)
-            if o in free and end > free[o]:
-                free[o] = end
-    events = []
-    for n, t in alloc.items():
-        size = sizes.get(n)
-        if size is None:
-            size = sizes[n] = value_bytes(n)
-        if size:
-            events.append((t, 1, size))
-            events.append((free[n], 0, -size))  # at equal times, frees come first
-    live = peak = 0
-    for _, _, delta in sorted(events):
-        live += delta
-        peak = max(peak, live)
-    return peak
+    return LivePeak(a, sizes)(span, makespan, holds)

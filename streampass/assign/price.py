@@ -10,7 +10,6 @@ a plan and a simulation of the graph's nodes, not a copied, rewritten and recomp
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections import ChainMap
 from collections.abc import Mapping
 from operator import getitem
@@ -20,10 +19,10 @@ import torch.fx
 from streampass import ops
 from streampass.analysis.reading import StreamAssignment, annotated_stream
 from streampass.analysis.requirements import accesses, requirements
-from streampass.assign.memory import live_peak, ordering_deps
+from streampass.assign.memory import LivePeak, ordering_deps
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel
-from streampass.sim.simulate import build_items, graph_steps, ideal_makespan, run_items
+from streampass.sim.simulate import build_items, graph_steps, ideal_makespan, is_device_work, run_items
 from streampass.transform.encoding import WRAPPABLE, last_work
 from streampass.transform.pipeline import attributes_to_hoist
 from streampass.transform.plan import PlannedRecord, PlannedWait, SyncPlan
@@ -94,79 +93,6 @@ def hoisted(a: StreamAssignment) -> StreamAssignment:
     return dataclasses.replace(a, nodes=nodes, stream=stream, position={n: i for i, n in enumerate(nodes)})
 
 
-def plan_steps(a: StreamAssignment, plan: SyncPlan):
-    """:func:`streampass.sim.simulate.graph_steps` of the graph as ``apply`` would leave it:
-    records at entry right after the leading inputs, each wait right before its node (in plan
-    order), each other record right after its anchor or its wait; several inserted at one
-    place each go right after it, so the last planned comes first."""
-    before: dict[Node, list[PlannedWait]] = {}
-    for w in plan.waits:
-        before.setdefault(w.before, []).append(w)
-    after: dict[object, list[PlannedRecord]] = {}
-    entry: list[PlannedRecord] = []
-    for r in plan.records:
-        if r.after is not None:
-            after.setdefault(r.after, []).insert(0, r)
-        elif r.anchor is not None and r.anchor.op in ("placeholder", "get_attr"):
-            entry.insert(0, r)
-        else:
-            after.setdefault(r.anchor, []).insert(0, r)
-    names = itertools.count()
-
-    def record(r: PlannedRecord):
-        yield (
-            _Planned(f"record#{next(names)}", r),
-            ops.SyncCall(ops.RECORD_EVENT, (r.event, r.stream), None, None),
-            (r.stream),
-            False,
-        )
-
-    def wait(w: PlannedWait):
-        call = ops.SyncCall(ops.WAIT_EVENT, (w.record.event, w.stream), None, None)
-        yield _Planned(f"wait#{next(names)}", w), call, w.stream, False
-        for r in after.get(w, ()):
-            yield from record(r)
-
-    leading = True
-    for step in graph_steps(a):
-        node = step[0]
-        if leading and node.op not in ("placeholder", "get_attr"):
-            leading = False
-            for r in entry:
-                yield from record(r)
-        for w in before.get(node, ()):
-            yield from wait(w)
-        yield step
-        for r in after.get(node, ()):
-            yield from record(r)
-    if leading:
-        for r in entry:
-            yield from record(r)
-
-
-def encoded_holds(steps, issued: Mapping) -> list[tuple[float, list[Node]]]:
-    """What the edit's ordering dependencies hold (``transform.apply``'s ``encode``): every sync
-    of a stream is ordered after the work issued on that stream since its previous sync (and a
-    ``wait_stream`` after the other stream's too), through the part of it nothing later in it
-    reads (``last_work``), and holds those tensors until the sync is issued. Its existing
-    dependencies (a ``control_deps`` wrapper's first argument) stay."""
-    holds = []
-    pending: dict[int, list[Node]] = {}
-    for key, call, stream, _ in steps:
-        if call is None or call.target not in WRAPPABLE:
-            if call is None and key.op in ("call_function", "call_method", "call_module") and key.target is not getitem:
-                pending.setdefault(stream, []).append(key)
-            continue
-        deps = last_work(pending.pop(stream, []))
-        if call.target is ops.WAIT_STREAM:
-            deps = deps + last_work(pending.get(call.args[1], []))
-        if call.wrapper is not None:
-            deps = deps + ordering_deps(call.wrapper)
-        if key in issued and deps:
-            holds.append((issued[key], deps))
-    return holds
-
-
 class Pricer:
     """Prices candidates of one graph: ``Pricer(a, model)(streams)`` -> :class:`Priced`.
 
@@ -189,9 +115,16 @@ class Pricer:
         known = known or {}
         self.times: dict = {n: known[n] if n in known else model.node_time(n) for n in a.nodes}
         self.cpu_floor: float | None = None
-        self.sizes: dict[Node, int] = {}
+        self.peak = LivePeak(self.a)  # the memory estimate's static part, for every candidate
         # What each node reads and writes: the same for every candidate, and for every order.
         self.table = table or accesses(self.a)  # a WorkGraph built by hand has an empty one
+        # Per node, in issue order: (node, its stream op, whether it is device work, whether the
+        # edit's encoding counts it as work issued before the next sync): none depends on streams.
+        syncs, kinds = self.a.syncs, ("call_function", "call_method", "call_module")
+        self.static = [
+            (n, syncs.get(n), n not in syncs and is_device_work(self.a, n), n.op in kinds and n.target is not getitem)
+            for n in self.a.nodes
+        ]
 
     def bound(self, w, streams: Mapping[Node, int]) -> float:
         """A lower bound on ``self(streams).makespan`` for a candidate over the whole
@@ -218,14 +151,15 @@ class Pricer:
         a = restreamed(self.a, streams) if streams else self.a
         plan = plan_syncs(a, reqs=requirements(a, table=self.table))
         profile = self.model.profile
-        steps = list(plan_steps(a, plan))
+        steps, wraps = self._lay(a, plan)
         planned = {key: profile.sync_cost for key, *_ in steps if isinstance(key, _Planned)}
         items = build_items(steps, ChainMap(planned, self.times), profile, self.cpu_launch, serial=False)
         cpu_end = run_items(items)
         makespan = max([cpu_end] + [it.end for it in items])
         span = {it.node: (it.start, it.end) for it in items}
         key_of = {k.sync: k for k in span if isinstance(k, _Planned)}
-        holds = encoded_holds(steps, {it.node: it.issued for it in items})
+        issued = {it.node: it.issued for it in items}
+        holds = [(issued[key], deps) for key, deps in wraps if key in issued]
         for gate in set(plan.keepalive) | set(plan.protect):
             key = key_of.get(gate, gate)
             if key in span:
@@ -233,5 +167,78 @@ class Pricer:
                     v for _, v in plan.protect.get(gate, ()) if v is not None
                 ]
                 holds.append((span[key][1], values))
-        peak = live_peak(a, span, makespan, holds, self.sizes)
+        peak = self.peak(span, makespan, holds)
         return Priced(makespan, len(plan.waits), len(plan.records), peak, plan)
+
+    def _lay(self, a: StreamAssignment, plan: SyncPlan):
+        """``(steps, wraps)``: the steps of the graph as ``apply`` would leave it (the input of
+        :func:`streampass.sim.simulate.build_items`), and for each sync the nodes its encoding
+        orders it after (``(key, nodes)``, syncs with none left out).
+
+        The planned syncs go where the edit puts them: records at entry right after the leading
+        inputs, each wait right before its node (in plan order), each other record right after
+        its anchor or its wait; several inserted at one place each go right after it, so the last
+        planned comes first. The encoding (``transform.apply``'s ``encode``) orders every sync of
+        a stream after the work issued on that stream since its previous sync (a ``wait_stream``
+        after the other stream's too), through the part of it nothing later in it reads
+        (``last_work``), and the program holds those tensors until the sync is issued; an
+        existing ``control_deps`` wrapper keeps its own dependencies.
+        """
+        before: dict[Node, list[PlannedWait]] = {}
+        for w in plan.waits:
+            before.setdefault(w.before, []).append(w)
+        after: dict[object, list[PlannedRecord]] = {}
+        entry: list[PlannedRecord] = []
+        for r in plan.records:
+            if r.after is not None:
+                after.setdefault(r.after, []).insert(0, r)
+            elif r.anchor is not None and r.anchor.op in ("placeholder", "get_attr"):
+                entry.insert(0, r)
+            else:
+                after.setdefault(r.anchor, []).insert(0, r)
+        steps: list[tuple] = []
+        wraps: list[tuple[object, list[Node]]] = []
+        pending: dict[int, list[Node]] = {}  # per stream: work issued since its last sync
+
+        def sync(key, target, event: int, stream: int) -> None:
+            steps.append((key, ops.SyncCall(target, (event, stream), None, None), stream, False))
+            deps = last_work(pending.pop(stream, []))
+            if deps:
+                wraps.append((key, deps))
+
+        def record(r: PlannedRecord) -> None:
+            sync(_Planned(f"record#{len(steps)}", r), ops.RECORD_EVENT, r.event, r.stream)
+
+        def wait(w: PlannedWait) -> None:
+            sync(_Planned(f"wait#{len(steps)}", w), ops.WAIT_EVENT, w.record.event, w.stream)
+            for r in after.get(w, ()):
+                record(r)
+
+        leading = True
+        stream_of = a.stream
+        for node, call, work, counted in self.static:
+            if leading and node.op not in ("placeholder", "get_attr"):
+                leading = False
+                for r in entry:
+                    record(r)
+            for w in before.get(node, ()):
+                wait(w)
+            s = stream_of[node]
+            steps.append((node, call, s, work))
+            if call is None:
+                if counted:
+                    pending.setdefault(s, []).append(node)
+            elif call.target in WRAPPABLE:
+                deps = last_work(pending.pop(s, []))
+                if call.target is ops.WAIT_STREAM:
+                    deps = deps + last_work(pending.get(call.args[1], []))
+                if call.wrapper is not None:
+                    deps = deps + ordering_deps(call.wrapper)
+                if deps:
+                    wraps.append((node, deps))
+            for r in after.get(node, ()):
+                record(r)
+        if leading:
+            for r in entry:
+                record(r)
+        return steps, wraps
