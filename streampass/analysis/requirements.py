@@ -190,6 +190,67 @@ def requirements(
     return reqs, values
 
 
+class Orderings:
+    """Every ordering of one graph, whatever its streams: :func:`requirements` of any stream
+    assignment of it, by filtering.
+
+    Which nodes must precede which does not depend on streams; only which of those pairs cross
+    streams does, and where each side stream ends. A search that tries many assignments of
+    one graph (``streampass.assign``) builds this once and asks :meth:`for_streams` per
+    candidate, for exactly what ``requirements(a)`` returns, in the same order.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> import dataclasses
+    >>> a = sp.read_streams(make_fx(lambda x: x.sin() + x.cos())(torch.ones(4)))
+    >>> moved = dataclasses.replace(a, stream={**a.stream, a.node_named("sin"): 1})
+    >>> Orderings(a).for_streams(moved) == requirements(moved)
+    True
+    """
+
+    def __init__(self, a: StreamAssignment, table: Accesses | None = None):
+        table = accesses(a) if table is None else table
+        reqs, _ = requirements(a, same_stream=True, table=table)
+        self.all = [r for r in reqs if not (r.kind == "exit" and r.value is None)]  # exit joins: per streams
+        self.reads = [  # (reader, value) for every read of a value some kernel made, in order
+            (n, r)
+            for n in a.nodes
+            if n in a.compute
+            for r in table[n][0]
+            if r not in table[n][1] and r.op == "call_function"
+        ]
+        self.outputs = {a.root[x] for n in a.nodes if n.op == "output" for x in ops.input_nodes(n)}
+        syncs, compute = a.syncs, a.compute
+        self.output = next((n for n in a.nodes if n.op == "output"), None)
+        # the nodes exit_joins looks at: work, and syncs that enqueue something
+        self.enqueued = []
+        for n in a.nodes:
+            if n is self.output:
+                break
+            call = syncs.get(n)
+            if n in compute or (call is not None and call.target not in ops.HOST_SIDE_OPS):
+                self.enqueued.append(n)
+
+    def for_streams(self, a: StreamAssignment) -> tuple[list[Requirement], list[CrossStreamValue]]:
+        """``requirements(a)`` for ``a``, a reading of this graph with any streams."""
+        s_of = a.stream
+        reqs = [r for r in self.all if s_of[r.before] != s_of[r.after]]
+        if self.output is not None:
+            last_on: dict[int, Node] = {}
+            for n in self.enqueued:
+                last_on[s_of[n]] = n
+            reqs += [Requirement("exit", last, self.output, None) for t, last in last_on.items() if t != AMBIENT]
+        cross: dict[Node, CrossStreamValue] = {}
+        for n, r in self.reads:
+            s, made = s_of[n], s_of[r]
+            if made != s:
+                cv = cross.get(r)
+                if cv is None:
+                    cv = cross[r] = CrossStreamValue(r, made)
+                cv.readers.setdefault(s, []).append(n)
+        return reqs, [c for v, c in cross.items() if v not in self.outputs]
+
+
 def exit_joins(a: StreamAssignment, output: Node) -> list[Requirement]:
     """The ``exit`` requirements without a value: each side stream's last node before ``output``
     (work, or a record or wait: a CUDA-graph capture fails on a stream that issues anything

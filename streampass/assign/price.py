@@ -18,12 +18,12 @@ import torch.fx
 
 from streampass import ops
 from streampass.analysis.reading import StreamAssignment, annotated_stream
-from streampass.analysis.requirements import accesses, requirements
+from streampass.analysis.requirements import Orderings, accesses
 from streampass.assign.memory import LivePeak, ordering_deps
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel
 from streampass.sim.simulate import build_items, graph_steps, ideal_makespan, is_device_work, run_items
-from streampass.transform.encoding import WRAPPABLE, last_work
+from streampass.transform.encoding import WRAPPABLE, last_work, readers
 from streampass.transform.pipeline import attributes_to_hoist
 from streampass.transform.plan import PlannedRecord, PlannedWait, SyncPlan
 from streampass.transform.planner import plan_syncs
@@ -118,6 +118,7 @@ class Pricer:
         self.peak = LivePeak(self.a)  # the memory estimate's static part, for every candidate
         # What each node reads and writes: the same for every candidate, and for every order.
         self.table = table or accesses(self.a)  # a WorkGraph built by hand has an empty one
+        self.orderings = Orderings(self.a, self.table)  # and the orderings, to filter per candidate
         # Per node, in issue order: (node, its stream op, whether it is device work, whether the
         # edit's encoding counts it as work issued before the next sync): none depends on streams.
         syncs, kinds = self.a.syncs, ("call_function", "call_method", "call_module")
@@ -125,6 +126,7 @@ class Pricer:
             (n, syncs.get(n), n not in syncs and is_device_work(self.a, n), n.op in kinds and n.target is not getitem)
             for n in self.a.nodes
         ]
+        self.readers = {n: readers(n) for n, _, _, counted in self.static if counted}  # for last_work
 
     def bound(self, w, streams: Mapping[Node, int]) -> float:
         """A lower bound on ``self(streams).makespan`` for a candidate over the whole
@@ -149,7 +151,7 @@ class Pricer:
 
     def __call__(self, streams: Mapping[Node, int]) -> Priced:
         a = restreamed(self.a, streams) if streams else self.a
-        plan = plan_syncs(a, reqs=requirements(a, table=self.table))
+        plan = plan_syncs(a, reqs=self.orderings.for_streams(a))
         profile = self.model.profile
         steps, wraps = self._lay(a, plan)
         planned = {key: profile.sync_cost for key, *_ in steps if isinstance(key, _Planned)}
@@ -199,10 +201,11 @@ class Pricer:
         steps: list[tuple] = []
         wraps: list[tuple[object, list[Node]]] = []
         pending: dict[int, list[Node]] = {}  # per stream: work issued since its last sync
+        known = self.readers
 
         def sync(key, target, event: int, stream: int) -> None:
             steps.append((key, ops.SyncCall(target, (event, stream), None, None), stream, False))
-            deps = last_work(pending.pop(stream, []))
+            deps = last_work(pending.pop(stream, []), known)
             if deps:
                 wraps.append((key, deps))
 
@@ -229,9 +232,9 @@ class Pricer:
                 if counted:
                     pending.setdefault(s, []).append(node)
             elif call.target in WRAPPABLE:
-                deps = last_work(pending.pop(s, []))
+                deps = last_work(pending.pop(s, []), known)
                 if call.target is ops.WAIT_STREAM:
-                    deps = deps + last_work(pending.get(call.args[1], []))
+                    deps = deps + last_work(pending.get(call.args[1], []), known)
                 if call.wrapper is not None:
                     deps = deps + ordering_deps(call.wrapper)
                 if deps:

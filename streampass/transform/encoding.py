@@ -18,10 +18,27 @@ WRAPPABLE = frozenset(
 )
 
 
-def last_work(work: list[Node]) -> list[Node]:
+def readers(n: Node) -> frozenset[Node]:
+    """The nodes that read ``n``, directly or through a getitem (what :func:`last_work` tests).
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> pair = g.call_function(torch.ops.aten.sort.default, (x,)); v = g.call_function(operator.getitem, (pair, 0))
+    >>> c = g.call_function(torch.cos, (v,))
+    >>> sorted(u.name for u in readers(pair))
+    ['cos', 'getitem']
+    """
+    out = set(n.users)
+    for u in n.users:
+        if u.target is operator.getitem:
+            out.update(u.users)
+    return frozenset(out)
+
+
+def last_work(work: list[Node], known: dict[Node, frozenset[Node]] | None = None) -> list[Node]:
     """The nodes of ``work`` (a stream's work since its last sync, in graph order) that no other
     node of ``work`` reads, directly or through a getitem: a sync ordered after these is ordered
     after all of ``work`` by data dependence, and holds only their tensors until it is issued.
+    ``known``: :func:`readers` of the nodes, where a caller asks about one graph many times.
 
     >>> g = torch.fx.Graph(); x = g.placeholder("x")
     >>> a = g.call_function(torch.sin, (x,)); b = g.call_function(torch.cos, (a,)); c = g.call_function(torch.tan, (x,))
@@ -29,9 +46,6 @@ def last_work(work: list[Node]) -> list[Node]:
     ['cos', 'tan']
     """
     inside = set(work)
-    getitem = operator.getitem
-
-    def read_later(n: Node) -> bool:
-        return any(u in inside or (u.target is getitem and any(v in inside for v in u.users)) for u in n.users)
-
-    return [n for n in work if not read_later(n)]
+    if known is None:
+        return [n for n in work if inside.isdisjoint(readers(n))]
+    return [n for n in work if inside.isdisjoint(known[n])]
