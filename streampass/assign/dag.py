@@ -168,6 +168,6 @@ def work_graph(a: StreamAssignment, model: CostModel) -> WorkGraph:
         preds[v].append(u)
         succs[u].append(v)
     launch = model.profile.launch_overhead
-    time = {n: model.node_time(n) for n in nodes}
+    time = model.node_times(nodes)
     device = {n: max(0.0, t - launch) for n, t in time.items()}
     return WorkGraph(nodes, preds, succs, time, device, fixed_streams(a), model.profile, g, table)

@@ -113,7 +113,7 @@ class Pricer:
     def __init__(self, a: StreamAssignment, model: CostModel, cpu_launch: bool = True, known=None, table=None):
         self.a, self.model, self.cpu_launch = hoisted(a), model, cpu_launch
         known = known or {}
-        self.times: dict = {n: known[n] if n in known else model.node_time(n) for n in a.nodes}
+        self.times: dict = {**model.node_times(n for n in a.nodes if n not in known), **known}
         self.cpu_floor: float | None = None
         self.peak = LivePeak(self.a)  # the memory estimate's static part, for every candidate
         # What each node reads and writes: the same for every candidate, and for every order.

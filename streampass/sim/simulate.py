@@ -292,7 +292,7 @@ def simulate(
     """
     model = _as_cost(cost)
     a = read_streams(gm, external_events)
-    times = {n: model.node_time(n) for n in a.nodes}
+    times = model.node_times(a.nodes)
     profile = model.profile
 
     items = build_items(graph_steps(a), times, profile, cpu_launch, serial=False)
