@@ -170,14 +170,15 @@ def list_schedule(w: WorkGraph, slots: list[int], pin_critical: bool, cpu_weight
             notes[n] = "on the critical path"
         else:
             options = slots
-        heavy = max(w.preds[n], key=lambda u: w.time[u], default=None)
+        preds = w.preds[n]
+        heavy = max(preds, key=lambda u: w.time[u], default=None)
         home = streams[heavy] if heavy is not None else AMBIENT
+        ready = max((finish[u] for u in preds), default=0.0)
+        read_from = {streams[u] for u in preds}
         best = None
         for s in options:
-            others = {streams[u] for u in w.preds[n]} - {s}
-            extra = 2 * p.sync_cost * len(others)
+            extra = 2 * p.sync_cost * (len(read_from) - (s in read_from))  # a sync per other stream
             issued = cpu + p.launch_overhead + extra
-            ready = max((finish[u] for u in w.preds[n]), default=0.0)
             end = max(issued, free_at[s], ready) + w.device[n]
             key = (end + cpu_weight * extra, s != home, s != AMBIENT)
             if best is None or key < best[0]:
