@@ -318,7 +318,7 @@ class _Search:
     def __init__(self, gm, a, w: WorkGraph, free, model: CostModel, cpu_launch, events, budget, prune=True):
         self.gm, self.w, self.free, self.model = gm, w, free, model
         self.cpu_launch, self.events, self.budget, self.prune = cpu_launch, events, budget, prune
-        self.pricer = Pricer(a, model, cpu_launch, known=w.time, table=w.accesses)
+        self.pricer = Pricer(a, model, cpu_launch, known=w.time, table=w.accesses, orderings=w.orderings)
         self.tried: dict[tuple, Evaluation] = {}
         self.skipped: dict[tuple, tuple] = {}  # key -> (name, bound, streams, notes)
 

@@ -16,7 +16,7 @@ import torch.fx
 
 from streampass import ops
 from streampass.analysis.reading import StreamAssignment
-from streampass.analysis.requirements import Accesses, accesses, requirements
+from streampass.analysis.requirements import Accesses, Orderings, accesses
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
 
@@ -60,8 +60,9 @@ class WorkGraph:
 
     ``time[n]``: the cost model's seconds (one launch included); ``device[n]``: that time less
     the launch overhead, the part that other streams can overlap. ``fixed``: node -> (stream,
-    why). ``nx``: the dependency DAG over the nodes (networkx, edges ``before -> after``).
-    ``accesses``: what each node reads and writes (``requirements.accesses``), which every
+    why). :attr:`nx`: the dependency DAG over the nodes (networkx, edges ``before -> after``).
+    ``accesses``: what each node reads and writes (``requirements.accesses``), and
+    ``orderings``: every ordering of the graph (``requirements.Orderings``), which every
     candidate's sync plan reuses.
     """
 
@@ -72,8 +73,18 @@ class WorkGraph:
     device: dict[Node, float]
     fixed: dict[Node, tuple[int, str]]
     profile: DeviceProfile
-    nx: nx.DiGraph = field(repr=False, default_factory=nx.DiGraph)
     accesses: Accesses = field(repr=False, default_factory=dict)
+    orderings: Orderings | None = field(repr=False, default=None)
+
+    @property
+    def nx(self) -> nx.DiGraph:
+        """The dependencies as a ``networkx.DiGraph`` (built on first use: the search needs none)."""
+        cached = self.__dict__.get("_nx")
+        if cached is None:
+            cached = self.__dict__["_nx"] = nx.DiGraph()
+            cached.add_nodes_from(self.nodes)
+            cached.add_edges_from((u, v) for v in self.nodes for u in self.preds[v])
+        return cached
 
     @property
     def free(self) -> list[Node]:
@@ -157,17 +168,16 @@ def work_graph(a: StreamAssignment, model: CostModel) -> WorkGraph:
     preds: dict[Node, list[Node]] = {n: [] for n in nodes}
     succs: dict[Node, list[Node]] = {n: [] for n in nodes}
     table = accesses(a)
-    reqs, _ = requirements(a, same_stream=True, table=table)
-    g = nx.DiGraph()
-    g.add_nodes_from(nodes)
-    for r in reqs:
+    orderings = Orderings(a, table)
+    seen: set[tuple[Node, Node]] = set()
+    for r in orderings.all:
         u, v = r.before, r.after
-        if u is v or u not in preds or v not in preds or g.has_edge(u, v):
+        if u is v or u not in preds or v not in preds or (u, v) in seen:
             continue
-        g.add_edge(u, v)
+        seen.add((u, v))
         preds[v].append(u)
         succs[u].append(v)
     launch = model.profile.launch_overhead
     time = model.node_times(nodes)
     device = {n: max(0.0, t - launch) for n, t in time.items()}
-    return WorkGraph(nodes, preds, succs, time, device, fixed_streams(a), model.profile, g, table)
+    return WorkGraph(nodes, preds, succs, time, device, fixed_streams(a), model.profile, table, orderings)

@@ -35,8 +35,9 @@ def value_bytes(node: torch.fx.Node) -> int:
     >>> value_bytes(x)
     64
     """
+    val = node.meta.get("val")
     total = 0
-    for t in tree_flatten(node.meta.get("val"))[0]:
+    for t in (val,) if isinstance(val, torch.Tensor) else tree_flatten(val)[0]:
         if isinstance(t, torch.Tensor):
             with contextlib.suppress(Exception):  # a size without a hint
                 total += int(t.numel()) * t.element_size()

@@ -97,7 +97,8 @@ class Pricer:
     """Prices candidates of one graph: ``Pricer(a, model)(streams)`` -> :class:`Priced`.
 
     ``times``: node -> cost-model seconds, computed once (``known`` may pass the ones a
-    :class:`~streampass.assign.dag.WorkGraph` already has, and ``table`` its ``accesses``).
+    :class:`~streampass.assign.dag.WorkGraph` already has, ``table`` its ``accesses`` and
+    ``orderings`` its ``orderings``).
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -110,7 +111,9 @@ class Pricer:
     (0, True, True)
     """
 
-    def __init__(self, a: StreamAssignment, model: CostModel, cpu_launch: bool = True, known=None, table=None):
+    def __init__(
+        self, a: StreamAssignment, model: CostModel, cpu_launch: bool = True, known=None, table=None, orderings=None
+    ):
         self.a, self.model, self.cpu_launch = hoisted(a), model, cpu_launch
         known = known or {}
         self.times: dict = {**model.node_times(n for n in a.nodes if n not in known), **known}
@@ -118,7 +121,8 @@ class Pricer:
         self.peak = LivePeak(self.a)  # the memory estimate's static part, for every candidate
         # What each node reads and writes: the same for every candidate, and for every order.
         self.table = table or accesses(self.a)  # a WorkGraph built by hand has an empty one
-        self.orderings = Orderings(self.a, self.table)  # and the orderings, to filter per candidate
+        # and every ordering, filtered per candidate (they do not move with the get_attrs)
+        self.orderings = orderings or Orderings(self.a, self.table)
         # Per node, in issue order: (node, its stream op, whether it is device work, whether the
         # edit's encoding counts it as work issued before the next sync): none depends on streams.
         syncs, kinds = self.a.syncs, ("call_function", "call_method", "call_module")
