@@ -86,7 +86,9 @@ class Planner:
     def _record_point(self, a: int, p: int, issued: list[int]) -> int:
         """Where a wait for stream a's node p records: past the nodes after p that do no work
         (an existing record there is reused), but never past what a has issued so far."""
-        end = self._stretch_end(a, p)
+        end = self._ends.get((a, p))
+        if end is None:
+            end = self._stretch_end(a, p)
         return min(end if p < end else p, issued[a])
 
     def _sources(self, clk: Clocks, issued: list[int], d: Demand, unmet) -> dict[int, int]:
@@ -325,24 +327,14 @@ class Planner:
         passable nodes after it, and the record point for any of them is the stretch's last
         node, so every input is covered by one record at entry. An existing record of the
         graph (of an event recorded once) in the stretch is reused instead of adding one: its
-        position is the stretch's end. Computed for the stretches the walk asks about only.
+        position is the stretch's end. Computed for the stretches the walk asks about only (``_ends`` keeps them).
         """
-        end = self._ends.get((s, p))
-        if end is not None:
-            return end
         on, syncs = self.on[s], self.a.syncs
-
-        def passable(n: Node) -> bool:
-            call = syncs.get(n)
-            if call is not None:
-                return call.target is ops.RECORD_EVENT
-            return n.op in ("placeholder", "get_attr") or does_no_work(n)
-
         first = p
-        while first > 1 and passable(on[first - 1]):
+        while first > 1 and _passable(on[first - 1], syncs):
             first -= 1
         last = p
-        while last < len(on) and passable(on[last]):  # on[last] is position last + 1
+        while last < len(on) and _passable(on[last], syncs):  # on[last] is position last + 1
             last += 1
         end = last
         for q in range(first, last + 1):
@@ -370,6 +362,14 @@ class Planner:
                     shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), self.on[a][w.point - 1])
                     plan.records.append(shared[key])
             w.record = shared[key]
+
+
+def _passable(n: Node, syncs) -> bool:
+    """Whether a record may be placed past ``n``: it does no work on the device, or records."""
+    call = syncs.get(n)
+    if call is not None:
+        return call.target is ops.RECORD_EVENT
+    return n.op in ("placeholder", "get_attr") or does_no_work(n)
 
 
 def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan:
