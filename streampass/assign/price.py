@@ -10,7 +10,6 @@ a plan and a simulation of the graph's nodes, not a copied, rewritten and recomp
 from __future__ import annotations
 
 import dataclasses
-from collections import ChainMap
 from collections.abc import Mapping
 from operator import getitem
 
@@ -158,8 +157,9 @@ class Pricer:
         plan = plan_syncs(a, reqs=self.orderings.for_streams(a))
         profile = self.model.profile
         steps, wraps = self._lay(a, plan)
-        planned = {key: profile.sync_cost for key, *_ in steps if isinstance(key, _Planned)}
-        items = build_items(steps, ChainMap(planned, self.times), profile, self.cpu_launch, serial=False)
+        times = dict(self.times)  # and each planned sync's: a record or a wait costs sync_cost
+        times.update((key, profile.sync_cost) for key, *_ in steps if isinstance(key, _Planned))
+        items = build_items(steps, times, profile, self.cpu_launch, serial=False)
         cpu_end = run_items(items)
         makespan = max([cpu_end] + [it.end for it in items])
         span = {it.node: (it.start, it.end) for it in items}

@@ -99,10 +99,10 @@ def build_items(steps, times, profile: DeviceProfile, cpu_launch: bool, serial: 
     last_on: dict[int, _Item] = {}
     last_record: dict[int, _Item] = {}
     for node, call, stream, work in steps:
-        t = times[node]
         if call is None:
             if not work:
                 continue
+            t = times[node]
             s = AMBIENT if serial else stream
             cpu = min(t, profile.launch_overhead) if cpu_launch else 0.0
             item = _Item(node, s, t - cpu, cpu, "kernel")
@@ -111,6 +111,7 @@ def build_items(steps, times, profile: DeviceProfile, cpu_launch: bool, serial: 
             continue
         if serial:
             continue  # one stream needs no syncs
+        t = times[node]
         target = call.target
         if target in _DEVICE_SYNCS:
             s = stream
