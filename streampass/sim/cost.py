@@ -220,13 +220,7 @@ class CostModel:
         >>> CostModel("a100").node_time(g.placeholder("x"))
         0.0
         """
-        if callable(self.overrides):
-            value = self.overrides(node)
-            if value is not None:
-                return float(value)
-        elif self.overrides is not None and node.name in self.overrides:
-            return float(self.overrides[node.name])
-        return self._estimate(node)
+        return self._time(node, None)
 
     def node_times(self, nodes) -> dict[torch.fx.Node, float]:
         """``node_time`` of each of ``nodes`` (of one graph), faster than one at a time: what each
@@ -238,18 +232,16 @@ class CostModel:
         True
         """
         seen: dict[torch.fx.Node, tuple[int, torch.dtype | None, bool]] = {}
-        out = {}
-        for node in nodes:
-            if callable(self.overrides):
-                value = self.overrides(node)
-                if value is not None:
-                    out[node] = float(value)
-                    continue
-            elif self.overrides is not None and node.name in self.overrides:
-                out[node] = float(self.overrides[node.name])
-                continue
-            out[node] = self._estimate(node, seen)
-        return out
+        return {node: self._time(node, seen) for node in nodes}
+
+    def _time(self, node: torch.fx.Node, seen: dict | None) -> float:
+        if callable(self.overrides):
+            value = self.overrides(node)
+            if value is not None:
+                return float(value)
+        elif self.overrides is not None and node.name in self.overrides:
+            return float(self.overrides[node.name])
+        return self._estimate(node, seen)
 
     def graph_times(self, graph: torch.fx.Graph | torch.fx.GraphModule) -> dict[str, float]:
         """``node_time`` for every node, keyed by node name, in graph order.

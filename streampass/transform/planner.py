@@ -327,7 +327,8 @@ class Planner:
         passable nodes after it, and the record point for any of them is the stretch's last
         node, so every input is covered by one record at entry. An existing record of the
         graph (of an event recorded once) in the stretch is reused instead of adding one: its
-        position is the stretch's end. Computed for the stretches the walk asks about only (``_ends`` keeps them).
+        position is the stretch's end. Computed only for the stretches the walk asks about
+        (``_ends`` keeps them).
         """
         on, syncs = self.on[s], self.a.syncs
         first = p
