@@ -21,7 +21,7 @@ from streampass.analysis.requirements import Orderings, accesses
 from streampass.assign.memory import LivePeak, ordering_deps
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel
-from streampass.sim.simulate import build_items, graph_steps, ideal_makespan, is_device_work, run_items
+from streampass.sim.simulate import Items, build_items, graph_steps, ideal_makespan, is_device_work, run_items
 from streampass.transform.encoding import WRAPPABLE, last_work, readers
 from streampass.transform.pipeline import attributes_to_hoist
 from streampass.transform.plan import PlannedRecord, PlannedWait, SyncPlan
@@ -155,31 +155,25 @@ class Pricer:
     def __call__(self, streams: Mapping[Node, int]) -> Priced:
         a = restreamed(self.a, streams) if streams else self.a
         plan = plan_syncs(a, reqs=self.orderings.for_streams(a))
-        profile = self.model.profile
-        steps, wraps = self._lay(a, plan)
-        times = dict(self.times)  # and each planned sync's: a record or a wait costs sync_cost
-        times.update((key, profile.sync_cost) for key, *_ in steps if isinstance(key, _Planned))
-        items = build_items(steps, times, profile, self.cpu_launch, serial=False)
+        items, wraps, made = self._lay(a, plan)
         cpu_end = run_items(items)
         makespan = max([cpu_end] + [it.end for it in items])
         span = {it.node: (it.start, it.end) for it in items}
-        key_of = {k.sync: k for k in span if isinstance(k, _Planned)}
-        issued = {it.node: it.issued for it in items}
-        holds = [(issued[key], deps) for key, deps in wraps if key in issued]
+        holds = [(it.issued, deps) for it, deps in wraps]
         for gate in set(plan.keepalive) | set(plan.protect):
-            key = key_of.get(gate, gate)
-            if key in span:
+            end = made[gate].end if gate in made else span[gate][1] if gate in span else None
+            if end is not None:
                 values = list(plan.keepalive.get(gate, ())) + [
                     v for _, v in plan.protect.get(gate, ()) if v is not None
                 ]
-                holds.append((span[key][1], values))
+                holds.append((end, values))
         peak = self.peak(span, makespan, holds)
         return Priced(makespan, len(plan.waits), len(plan.records), peak, plan)
 
     def _lay(self, a: StreamAssignment, plan: SyncPlan):
-        """``(steps, wraps)``: the steps of the graph as ``apply`` would leave it (the input of
-        :func:`streampass.sim.simulate.build_items`), and for each sync the nodes its encoding
-        orders it after (``(key, nodes)``, syncs with none left out).
+        """``(items, wraps, made)``: the simulator's items for the graph as ``apply`` would leave
+        it, for each sync the nodes its encoding orders it after (``(item, nodes)``, syncs with
+        none left out), and each planned wait's item.
 
         The planned syncs go where the edit puts them: records at entry right after the leading
         inputs, each wait right before its node (in plan order), each other record right after
@@ -202,22 +196,26 @@ class Pricer:
                 entry.insert(0, r)
             else:
                 after.setdefault(r.anchor, []).insert(0, r)
-        steps: list[tuple] = []
+        out = Items(self.model.profile, self.cpu_launch)
+        cost = self.model.profile.sync_cost  # of a planned record or wait
         wraps: list[tuple[object, list[Node]]] = []
+        made: dict[PlannedWait, object] = {}
         pending: dict[int, list[Node]] = {}  # per stream: work issued since its last sync
-        known = self.readers
+        known, times = self.readers, self.times
 
-        def sync(key, target, event: int, stream: int) -> None:
-            steps.append((key, ops.SyncCall(target, (event, stream), None, None), stream, False))
+        def sync(planned, target, event: int, stream: int):
+            name = f"{'record' if target is ops.RECORD_EVENT else 'wait'}#{len(out.items)}"
+            item = out.sync(_Planned(name, planned), ops.SyncCall(target, (event, stream), None, None), stream, cost)
             deps = last_work(pending.pop(stream, []), known)
             if deps:
-                wraps.append((key, deps))
+                wraps.append((item, deps))
+            return item
 
         def record(r: PlannedRecord) -> None:
-            sync(_Planned(f"record#{len(steps)}", r), ops.RECORD_EVENT, r.event, r.stream)
+            sync(r, ops.RECORD_EVENT, r.event, r.stream)
 
         def wait(w: PlannedWait) -> None:
-            sync(_Planned(f"wait#{len(steps)}", w), ops.WAIT_EVENT, w.record.event, w.stream)
+            made[w] = sync(w, ops.WAIT_EVENT, w.record.event, w.stream)
             for r in after.get(w, ()):
                 record(r)
 
@@ -231,21 +229,24 @@ class Pricer:
             for w in before.get(node, ()):
                 wait(w)
             s = stream_of[node]
-            steps.append((node, call, s, work))
             if call is None:
+                if work:
+                    out.kernel(node, s, times[node])
                 if counted:
                     pending.setdefault(s, []).append(node)
-            elif call.target in WRAPPABLE:
-                deps = last_work(pending.pop(s, []), known)
-                if call.target is ops.WAIT_STREAM:
-                    deps = deps + last_work(pending.get(call.args[1], []), known)
-                if call.wrapper is not None:
-                    deps = deps + ordering_deps(call.wrapper)
-                if deps:
-                    wraps.append((node, deps))
+            else:
+                item = out.sync(node, call, s, times[node])
+                if call.target in WRAPPABLE:
+                    deps = last_work(pending.pop(s, []), known)
+                    if call.target is ops.WAIT_STREAM:
+                        deps = deps + last_work(pending.get(call.args[1], []), known)
+                    if call.wrapper is not None:
+                        deps = deps + ordering_deps(call.wrapper)
+                    if deps:
+                        wraps.append((item, deps))
             for r in after.get(node, ()):
                 record(r)
         if leading:
             for r in entry:
                 record(r)
-        return steps, wraps
+        return out.items, wraps, made

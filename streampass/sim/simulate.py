@@ -92,59 +92,76 @@ def graph_steps(a: StreamAssignment):
         yield node, call, stream[node], call is None and is_device_work(a, node)
 
 
-def build_items(steps, times, profile: DeviceProfile, cpu_launch: bool, serial: bool) -> list[_Item]:
-    """The simulator's items for ``steps`` (see :func:`graph_steps`; a step's key needs only a
-    ``name`` and an entry in ``times``, so a plan's syncs can be priced before they exist)."""
-    items: list[_Item] = []
-    last_on: dict[int, _Item] = {}
-    last_record: dict[int, _Item] = {}
-    for node, call, stream, work in steps:
-        if call is None:
-            if not work:
-                continue
-            t = times[node]
-            s = AMBIENT if serial else stream
-            cpu = min(t, profile.launch_overhead) if cpu_launch else 0.0
-            item = _Item(node, s, t - cpu, cpu, "kernel")
-            last_on[s] = item
-            items.append(item)
-            continue
-        if serial:
-            continue  # one stream needs no syncs
-        t = times[node]
-        target = call.target
+class Items:
+    """The simulator's items, made one issued step at a time (what :func:`build_items` does for
+    a whole list of steps; the assigner's pricing makes them as it lays a plan out, without the
+    list). ``items``: in issue order."""
+
+    def __init__(self, profile: DeviceProfile, cpu_launch: bool, serial: bool = False):
+        self.items: list[_Item] = []
+        self.last_on: dict[int, _Item] = {}
+        self.last_record: dict[int, _Item] = {}
+        self.launch, self.cpu_launch, self.serial = profile.launch_overhead, cpu_launch, serial
+
+    def kernel(self, node, stream: int, t: float) -> _Item:
+        """A kernel of ``t`` seconds (one launch included) on ``stream``."""
+        s = AMBIENT if self.serial else stream
+        cpu = min(t, self.launch) if self.cpu_launch else 0.0
+        item = _Item(node, s, t - cpu, cpu, "kernel")
+        self.last_on[s] = item
+        self.items.append(item)
+        return item
+
+    def sync(self, node, call, stream: int, t: float) -> _Item | None:
+        """A stream op (``call``) on ``stream`` costing ``t``; None for what makes no item: fork,
+        join and record_stream only change host-side state, and one stream needs no syncs."""
+        if self.serial:
+            return None
+        target, cpu_launch = call.target, self.cpu_launch
         if target in _DEVICE_SYNCS:
-            s = stream
             item = _Item(
                 node,
-                s,
+                stream,
                 0.0 if cpu_launch else t,
                 t if cpu_launch else 0.0,
                 "record" if target is ops.RECORD_EVENT else "wait",
             )
             if target is ops.RECORD_EVENT:
-                # Completes when the work before it on s completes: stream order does that.
-                last_record[call.args[0]] = item
+                # Completes when the work before it on its stream completes: stream order does that.
+                self.last_record[call.args[0]] = item
             elif target is ops.WAIT_STREAM:
-                if call.args[1] in last_on and call.args[1] != s:
-                    item.gates.append(last_on[call.args[1]])
-            elif call.args[0] in last_record:  # wait_event / sync_dealloc; no record yet: no-op
-                item.gates.append(last_record[call.args[0]])
-            last_on[s] = item
-            items.append(item)
+                if call.args[1] in self.last_on and call.args[1] != stream:
+                    item.gates.append(self.last_on[call.args[1]])
+            elif call.args[0] in self.last_record:  # wait_event / sync_dealloc; no record yet: no-op
+                item.gates.append(self.last_record[call.args[0]])
+            self.last_on[stream] = item
         elif target in _HOST_BLOCKING:
             item = _Item(node, None, 0.0, t if cpu_launch else 0.0, "sync", block_cpu=True)
             if target is ops.SYNC_EVENT:
-                if call.args[0] in last_record:
-                    item.gates.append(last_record[call.args[0]])
+                if call.args[0] in self.last_record:
+                    item.gates.append(self.last_record[call.args[0]])
             elif target is ops.SYNC_STREAM:
-                if call.args[0] in last_on:
-                    item.gates.append(last_on[call.args[0]])
+                if call.args[0] in self.last_on:
+                    item.gates.append(self.last_on[call.args[0]])
             else:
-                item.gates.extend(last_on.values())
-            items.append(item)
-        # fork / join / record_stream only change host-side state: no time, no slot.
-    return items
+                item.gates.extend(self.last_on.values())
+        else:
+            return None
+        self.items.append(item)
+        return item
+
+
+def build_items(steps, times, profile: DeviceProfile, cpu_launch: bool, serial: bool) -> list[_Item]:
+    """The simulator's items for ``steps`` (see :func:`graph_steps`; a step's key needs only a
+    ``name`` and an entry in ``times``)."""
+    out = Items(profile, cpu_launch, serial)
+    for node, call, stream, work in steps:
+        if call is None:
+            if work:
+                out.kernel(node, stream, times[node])
+        else:
+            out.sync(node, call, stream, times[node])
+    return out.items
 
 
 def run_items(items: list[_Item]) -> float:
