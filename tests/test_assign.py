@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
-from streampass.assign.dag import transitive_reduction
+from streampass.assign.dag import longest_path, transitive_reduction
 from streampass.assign.fusion import fused_cost, fusion_groups
 from streampass.assign.memory import peak_bytes
 from streampass.assign.select import MEM_TIE, TIE
@@ -118,6 +118,24 @@ def test_transitive_reduction_is_networkx_s(n, density, seed):
     g.add_nodes_from(order)
     g.add_edges_from((u, v) for u in order for v in succs[u])
     assert set(transitive_reduction(order, succs)) == set(nx.transitive_reduction(g).edges)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 40), density=st.floats(0.0, 0.6), seed=st.integers(0, 10_000), ties=st.booleans())
+def test_longest_path_weighs_what_networkx_s_does(n, density, seed, ties):
+    rng = random.Random(seed)
+    order = rng.sample(range(1000), n)
+    preds = {v: [u for u in order[:i] if rng.random() < density] for i, v in enumerate(order)}
+    # ties: equal weights everywhere, where the two may choose different paths of one weight
+    time = {v: 1.0 if ties else rng.choice([0.0, 0.5, 1.0, 2.5, rng.random()]) for v in order}
+    path = longest_path(order, preds, time)
+    assert all(u in preds[v] for u, v in zip(path, path[1:]))  # a path of the DAG
+    g = nx.DiGraph()
+    g.add_nodes_from(order)
+    g.add_edges_from((u, v, {"w": time[v]}) for v in order for u in preds[v])
+    g.add_edges_from(("src", v, {"w": time[v]}) for v in order)
+    theirs = [v for v in nx.dag_longest_path(g, weight="w") if v != "src"]
+    assert sum(time[v] for v in path) == sum(time[v] for v in theirs)
 
 
 def _branches(n: int, size: int, device: str = "meta"):

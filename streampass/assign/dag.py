@@ -95,24 +95,11 @@ class WorkGraph:
         return {n: self.fixed[n][0] if n in self.fixed else AMBIENT for n in self.nodes}
 
     def critical_path(self) -> list[Node]:
-        """The longest chain of dependencies by cost-model time (networkx ``dag_longest_path``)."""
+        """The longest chain of dependencies by cost-model time (:func:`longest_path`)."""
         cached = self.__dict__.get("_critical_path")
         if cached is None:
-            cached = self.__dict__["_critical_path"] = self._longest_path()
+            cached = self.__dict__["_critical_path"] = longest_path(self.nodes, self.preds, self.time)
         return list(cached)
-
-    def _longest_path(self) -> list[Node]:
-        if not self.nodes:
-            return []
-        g = nx.DiGraph()
-        g.add_nodes_from(self.nodes)
-        for v in self.nodes:
-            for u in self.preds[v]:
-                g.add_edge(u, v, w=self.time[v])
-        src = "__entry__"
-        for n in self.nodes:
-            g.add_edge(src, n, w=self.time[n])
-        return [n for n in nx.dag_longest_path(g, weight="w") if n != src]
 
     def reduction(self) -> nx.DiGraph:
         """The transitive reduction of the dependencies (Nimble's minimum equivalent graph), as
@@ -124,6 +111,41 @@ class WorkGraph:
             g.add_edges_from(transitive_reduction(self.nodes, self.succs))
             cached = self.__dict__["_reduction"] = g
         return cached
+
+
+def longest_path(order: list, preds: Mapping[object, list], time: Mapping[object, float]) -> list:
+    """The heaviest path of the DAG ``preds`` (node -> its predecessors), a node weighing
+    ``time[node]``, for ``order`` a topological order of its nodes; ties go to the first
+    predecessor listed, and to the path that ends first in ``order``.
+
+    What ``networkx.dag_longest_path`` gives on the same DAG with a source before every node,
+    except among equal paths, where networkx prefers the first end in its own topological
+    order (tests/test_assign.py checks the two weigh the same on random DAGs). Networkx sorts
+    the graph first and builds it as a graph of its own: a tenth of the candidates' time on a
+    3,800-node training graph, for one pass of this.
+
+    >>> preds = {"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]}
+    >>> longest_path(["a", "b", "c", "d"], preds, {"a": 1.0, "b": 1.0, "c": 2.0, "d": 1.0})
+    ['a', 'c', 'd']
+    """
+    dist: dict = {}
+    back: dict = {}
+    end, longest = None, -1.0
+    for v in order:
+        t = time[v]
+        best, via = t, None  # from the source: the path that starts at v
+        for u in preds[v]:
+            d = dist[u] + t
+            if d > best or (d == best and via is None):
+                best, via = d, u
+        dist[v], back[v] = best, via
+        if best > longest:
+            end, longest = v, best
+    path = []
+    while end is not None:
+        path.append(end)
+        end = back[end]
+    return path[::-1]
 
 
 def transitive_reduction(order: list, succs: Mapping[object, list]) -> list[tuple[object, object]]:
