@@ -71,12 +71,11 @@ def chains(w: WorkGraph) -> list[list[Node]]:
     >>> len(cover), sorted(n.name for c in cover for n in c)
     (2, ['add', 'cos', 'exp', 'sin'])
     """
-    r = w.reduction()
     index = {n: i for i, n in enumerate(w.nodes)}
     size = len(w.nodes)
     b = nx.Graph()  # ints only, so that the matching (and the benchmark) is the same every run
     b.add_nodes_from(range(2 * size))
-    b.add_edges_from(sorted((index[u], size + index[v]) for u, v in r.edges))
+    b.add_edges_from(sorted((index[u], size + index[v]) for u, v in w.reduced_edges()))
     match = nx.bipartite.hopcroft_karp_matching(b, top_nodes=range(size))
     nxt = {u: w.nodes[match[index[u]] - size] for u in w.nodes if index[u] in match}
     has_prev = set(nxt.values())
@@ -107,13 +106,17 @@ def chain_cover(w: WorkGraph, slots: list[int]) -> Candidate:
 def segments(w: WorkGraph) -> list[list[Node]]:
     """The branches: maximal straight runs of the transitive reduction (a node continues its
     predecessor's run when it is that predecessor's only successor and has no other predecessor)."""
-    r = w.reduction()
+    preds: dict[Node, list[Node]] = {}
+    out_degree: dict[Node, int] = {}
+    for u, v in w.reduced_edges():
+        preds.setdefault(v, []).append(u)
+        out_degree[u] = out_degree.get(u, 0) + 1
     run_of: dict[Node, list[Node]] = {}
     out: list[list[Node]] = []
     for n in w.nodes:
-        preds = list(r.predecessors(n))
-        if len(preds) == 1 and r.out_degree(preds[0]) == 1:
-            run_of[n] = run_of[preds[0]]
+        mine = preds.get(n, ())
+        if len(mine) == 1 and out_degree[mine[0]] == 1:
+            run_of[n] = run_of[mine[0]]
             run_of[n].append(n)
         else:
             run_of[n] = [n]
@@ -156,6 +159,7 @@ def list_schedule(w: WorkGraph, slots: list[int], pin_critical: bool, cpu_weight
     """
     p = w.profile
     pinned = set(w.critical_path()) if pin_critical else set()
+    sync2, launch, time, device = 2 * p.sync_cost, p.launch_overhead, w.time, w.device
     cpu = 0.0
     free_at = dict.fromkeys(slots, 0.0)
     finish: dict[Node, float] = {}
@@ -171,15 +175,17 @@ def list_schedule(w: WorkGraph, slots: list[int], pin_critical: bool, cpu_weight
         else:
             options = slots
         preds = w.preds[n]
-        heavy = max(preds, key=lambda u: w.time[u], default=None)
-        home = streams[heavy] if heavy is not None else AMBIENT
-        ready = max((finish[u] for u in preds), default=0.0)
-        read_from = {streams[u] for u in preds}
+        if preds:
+            home = streams[max(preds, key=time.__getitem__)]  # the predecessor it depends on most
+            ready = max([finish[u] for u in preds])
+            read_from = {streams[u] for u in preds}
+        else:
+            home, ready, read_from = AMBIENT, 0.0, set()
         best = None
         for s in options:
-            extra = 2 * p.sync_cost * (len(read_from) - (s in read_from))  # a sync per other stream
-            issued = cpu + p.launch_overhead + extra
-            end = max(issued, free_at[s], ready) + w.device[n]
+            extra = sync2 * (len(read_from) - (s in read_from))  # a sync per other stream
+            issued = cpu + launch + extra
+            end = max(issued, free_at[s], ready) + device[n]
             key = (end + cpu_weight * extra, s != home, s != AMBIENT)
             if best is None or key < best[0]:
                 best = (key, s, end, issued)

@@ -108,8 +108,16 @@ class WorkGraph:
         if cached is None:
             g = nx.DiGraph()
             g.add_nodes_from(self.nodes)
-            g.add_edges_from(transitive_reduction(self.nodes, self.succs))
+            g.add_edges_from(self.reduced_edges())
             cached = self.__dict__["_reduction"] = g
+        return cached
+
+    def reduced_edges(self) -> list[tuple[Node, Node]]:
+        """The edges of :meth:`reduction`, without building a networkx graph (the candidates
+        need only the edges)."""
+        cached = self.__dict__.get("_reduced_edges")
+        if cached is None:
+            cached = self.__dict__["_reduced_edges"] = transitive_reduction(self.nodes, self.succs)
         return cached
 
 
