@@ -4,6 +4,7 @@ one stream, fixed annotations kept, streams only where they pay."""
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 
 import networkx as nx
@@ -129,7 +130,7 @@ def test_longest_path_weighs_what_networkx_s_does(n, density, seed, ties):
     # ties: equal weights everywhere, where the two may choose different paths of one weight
     time = {v: 1.0 if ties else rng.choice([0.0, 0.5, 1.0, 2.5, rng.random()]) for v in order}
     path = longest_path(order, preds, time)
-    assert all(u in preds[v] for u, v in zip(path, path[1:]))  # a path of the DAG
+    assert all(u in preds[v] for u, v in itertools.pairwise(path))  # a path of the DAG
     g = nx.DiGraph()
     g.add_nodes_from(order)
     g.add_edges_from((u, v, {"w": time[v]}) for v in order for u in preds[v])

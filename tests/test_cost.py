@@ -105,6 +105,30 @@ def test_same_input_twice_is_read_once():
     assert close(CostModel("h100").node_time(node), 2 * numel * 4 / 3.35e12 + LAUNCH)
 
 
+def test_node_times_tells_apart_what_node_time_does():
+    """node_times shares what each value covers among its readers: every node must still get
+    exactly node_time's estimate (x + x against x + y of the same shapes, a broadcast input,
+    a transposed view, a symbolic size)."""
+
+    def f(x, y, w, b):
+        h = x + x
+        k = x + y
+        z = (h @ w).relu() + (k @ w).relu()  # the same shapes twice
+        v = z + b  # broadcast
+        return v.sum(0) + (x.t() @ y).sum(1), (x.sin() @ w.t()).sum()
+
+    args = [meta(64, 32), meta(64, 32), meta(32, 32), meta(32)]
+    graphs = [make_fx(f)(*args)]
+    graphs.append(make_fx(f, tracing_mode="symbolic")(*[torch.randn(t.shape) for t in args]))
+    for gm in graphs:
+        model = CostModel("h100")
+        nodes = list(gm.graph.nodes)
+        assert model.node_times(nodes) == {n: model.node_time(n) for n in nodes}
+    adds = [n for n in graphs[0].graph.nodes if n.target is aten.add.Tensor][:2]
+    once, twice = (CostModel("h100").node_times([n])[n] for n in adds)
+    assert once < twice  # x + x reads x once; x + y reads both
+
+
 def test_broadcast_input_counts_its_memory_not_its_numel():
     g = torch.fx.Graph()
     x = g.placeholder("x")
