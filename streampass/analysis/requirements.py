@@ -220,26 +220,15 @@ class Orderings:
             if r not in table[n][1] and r.op == "call_function"
         ]
         self.outputs = {a.root[x] for n in a.nodes if n.op == "output" for x in ops.input_nodes(n)}
-        syncs, compute = a.syncs, a.compute
         self.output = next((n for n in a.nodes if n.op == "output"), None)
-        # the nodes exit_joins looks at: work, and syncs that enqueue something
-        self.enqueued = []
-        for n in a.nodes:
-            if n is self.output:
-                break
-            call = syncs.get(n)
-            if n in compute or (call is not None and call.target not in ops.HOST_SIDE_OPS):
-                self.enqueued.append(n)
+        self.enqueued = _enqueued_before(a, self.output)  # what exit_joins looks at
 
     def for_streams(self, a: StreamAssignment) -> tuple[list[Requirement], list[CrossStreamValue]]:
         """``requirements(a)`` for ``a``, a reading of this graph with any streams."""
         s_of = a.stream
         reqs = [r for r in self.all if s_of[r.before] != s_of[r.after]]
         if self.output is not None:
-            last_on: dict[int, Node] = {}
-            for n in self.enqueued:
-                last_on[s_of[n]] = n
-            reqs += [Requirement("exit", last, self.output, None) for t, last in last_on.items() if t != AMBIENT]
+            reqs += _joins(s_of, self.enqueued, self.output)
         cross: dict[Node, CrossStreamValue] = {}
         for n, r in self.reads:
             s, made = s_of[n], s_of[r]
@@ -269,17 +258,28 @@ def exit_joins(a: StreamAssignment, output: Node) -> list[Requirement]:
     >>> [(r.before.name, r.after.name) for r in exit_joins(a, a.nodes[-1])]
     [('sin', 'output')]
     """
-    last_on: dict[int, Node] = {}
-    s_of, compute, syncs = a.stream, a.compute, a.syncs
+    return _joins(a.stream, _enqueued_before(a, output), output)
+
+
+def _enqueued_before(a: StreamAssignment, output: Node | None) -> list[Node]:
+    """The nodes before ``output`` that put something on their stream: work, and stream ops
+    other than the host-side ones. Which stream each is on is left to the caller."""
+    compute, syncs = a.compute, a.syncs
+    out = []
     for node in a.nodes:
         if node is output:
             break
-        if node in compute:
-            last_on[s_of[node]] = node
-        else:
-            call = syncs.get(node)
-            if call is not None and call.target not in ops.HOST_SIDE_OPS:
-                last_on[s_of[node]] = node
+        call = syncs.get(node)
+        if node in compute or (call is not None and call.target not in ops.HOST_SIDE_OPS):
+            out.append(node)
+    return out
+
+
+def _joins(stream_of, enqueued: list[Node], output: Node) -> list[Requirement]:
+    """:func:`exit_joins` from :func:`_enqueued_before`'s nodes and their streams."""
+    last_on: dict[int, Node] = {}
+    for node in enqueued:
+        last_on[stream_of[node]] = node
     return [Requirement("exit", last, output, None) for t, last in last_on.items() if t != AMBIENT]
 
 
