@@ -93,17 +93,11 @@ class LivePeak:
     8192
     """
 
-    def __init__(self, a: StreamAssignment, sizes: dict | None = None):
-        sizes = {} if sizes is None else sizes
+    def __init__(self, a: StreamAssignment):
         owner = {n: a.producer.get(a.root[n], a.root[n]) for n in a.nodes}
         self.owner = owner
-        self.allocs: list[tuple[torch.fx.Node, int]] = []  # (kernel, bytes) for storages a kernel makes
-        for n in a.nodes:
-            if a.is_compute(n) and owner[n] is n:
-                size = sizes.get(n)
-                if size is None:
-                    size = sizes[n] = value_bytes(n)
-                self.allocs.append((n, size))
+        # (kernel, bytes) for the storages kernels make
+        self.allocs = [(n, value_bytes(n)) for n in a.nodes if a.is_compute(n) and owner[n] is n]
         mine = {n for n, _ in self.allocs}
         # (node, is the output, the allocations it reads or carries): kept alive until it ends
         self.reads: list[tuple[torch.fx.Node, bool, list[torch.fx.Node]]] = []
@@ -152,11 +146,9 @@ class LivePeak:
         return peak
 
 
-def live_peak(
-    a: StreamAssignment, span: Mapping, makespan: float, holds: Iterable = (), sizes: dict | None = None
-) -> int:
+def live_peak(a: StreamAssignment, span: Mapping, makespan: float, holds: Iterable = ()) -> int:
     """The estimate for a reading ``a`` played as ``span`` (node -> (start, end) of the nodes the
     schedule runs); ``holds``: ``(time, values)``: ``values`` stay alive until ``time`` at
     least (a sync's ordering dependencies until it is issued; a sync plan priced before it is
-    applied adds its own); ``sizes``: a cache of :func:`value_bytes` to reuse across calls."""
-    return LivePeak(a, sizes)(span, makespan, holds)
+    applied adds its own)."""
+    return LivePeak(a)(span, makespan, holds)
