@@ -111,14 +111,13 @@ class Planner:
     def _options(self, clk: Clocks, issued: list[int], d: Demand, unmet) -> list[tuple[tuple[int, ...], list[int]]]:
         """Every set of candidate streams whose records together cover ``unmet`` (each member
         covering something), with the knowledge the set brings."""
-        if not d.at_exit:
-            a = unmet[0][0]
-            if all(s == a for s, _ in unmet):  # the common case: one producer stream, one option
-                joined = clk.snap(a, self._record_point(a, max(p for _, p in unmet), issued))  # a fresh list
-                return [((a,), joined)] if all(joined[s] >= p for s, p in unmet) else []
         points = self._sources(clk, issued, d, unmet)
         snaps = {a: clk.snap(a, p) for a, p in points.items()}
         useful = sorted(a for a, r in snaps.items() if any(r[s] >= p for s, p in unmet))
+        if len(useful) == 1:  # the common case: one producer stream
+            (a,) = useful
+            joined = snaps[a]  # a fresh list: snap copies
+            return [((a,), joined)] if all(joined[s] >= p for s, p in unmet) else []
         out = []
         for size in range(1, len(useful) + 1):
             for combo in itertools.combinations(useful, size):
