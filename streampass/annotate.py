@@ -8,15 +8,19 @@ from collections.abc import Iterator
 import torch
 from torch.fx import traceback as fx_traceback
 
+from streampass.compat import inlined_only
 from streampass.ops import check_stream_index
 
 
+@inlined_only
 def stream(k: int):
     """Annotate the nodes traced inside the block with ``meta["custom"]["stream"] = k``.
 
     Works under ``make_fx``, ``aot_function`` and ``torch.compile`` (dynamo traces
     ``torch.fx.traceback.annotate``); blocks nest, the innermost wins; ``k = 0`` is the
-    ambient stream. Outside tracing it does nothing but set the annotation.
+    ambient stream. Outside tracing it does nothing but set the annotation. A graph break inside
+    the block makes dynamo run the whole function eagerly (it cannot resume inside
+    ``annotate``); ``with torch.Stream(...)`` blocks have no such limit.
 
     >>> import torch
     >>> from torch.fx.experimental.proxy_tensor import make_fx

@@ -186,6 +186,21 @@ def post_grad_config(passes: list):
     return passes[0] if len(passes) == 1 else PassChain(passes)
 
 
+def inlined_only(fn):
+    """Let dynamo trace ``fn`` only inlined into the frame that calls it, never as a frame of its
+    own (its callees are unaffected). Returns ``fn``.
+
+    ``streampass.stream`` needs this: it returns ``torch.fx.traceback.annotate(...)`` while dynamo
+    traces. dynamo cannot resume a frame inside ``annotate``, so a graph break in the block makes
+    it run the whole frame eagerly, and then compiles the call ``stream(k)`` on its own, whose
+    result it rebuilds as the function ``annotate`` instead of a context manager.
+    """
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(fn.__code__)
+    return fn
+
+
 def registered_object(index: int):
     """The live object dynamo's table holds at ``index``, or None.
 

@@ -37,14 +37,13 @@ import hashlib
 import json
 import logging
 import pathlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.fx
 
-from streampass import compat, ops, values
+from streampass import compat, compile_hook, ops, values
 from streampass.analysis.reading import read_streams
 from streampass.assign.in_compile import cost_key, note, summary
 from streampass.compat import PassBase, PassChain, aot_guard_on, cpu_safe_aot, post_grad_config
@@ -167,6 +166,9 @@ class StreamPass(PassBase):
         self.keep_graphs = keep_graphs
         self.assign, self.assign_cost, self.max_streams = assign, assign_cost, max_streams
         self.reports: list[GraphReport] = []
+        # Wherever this pass is installed (enable(), enabled(), torch.compile(options=...)), the
+        # graphs it compiles must carry their streams into torch's cache keys.
+        compile_hook.install(_holds_streampass)
 
     def uuid(self) -> bytes:
         """sha256 of streampass's version, the options that change what it compiles, and the
@@ -270,7 +272,7 @@ def with_streampass(current: Any, pass_: StreamPass | None = None) -> list:
     StreamPass is kept, not doubled.
     """
     passes = _as_list(current)
-    if any(isinstance(p, StreamPass) for p in passes):
+    if _holds_streampass(passes):
         return passes
     return [*passes, pass_ if pass_ is not None else StreamPass()]
 
@@ -313,8 +315,10 @@ def enable(pass_: StreamPass | None = None, *, assign: str | None = None) -> Str
 
 @contextlib.contextmanager
 def enabled(pass_: StreamPass | None = None, *, assign: str | None = None) -> Iterator[StreamPass]:
-    """StreamPass and the AOT CPU guard for the duration of the block; yields the pass.
-    ``assign="auto"`` as for :func:`enable`.
+    """StreamPass (and the AOT CPU guard) for every compile that starts in the block, and for
+    every later compile of the functions compiled in it: their backward, and their recompiles
+    when a guard fails (a new batch size, ``eval()``), after the block too. Functions first
+    compiled after the block get nothing. Yields the pass; ``assign="auto"`` as for :func:`enable`.
 
     The compile happens at the first call of a compiled function, so call it (the first
     forward of a training step included) inside the block.
@@ -330,51 +334,22 @@ def enabled(pass_: StreamPass | None = None, *, assign: str | None = None) -> It
     from torch._inductor import config
 
     passes = with_streampass(config.post_grad_custom_post_pass, _the_pass(pass_, assign))
+    mine = next(p for p in passes if isinstance(p, StreamPass))
     install_object_fallback()
     with (
         config.patch(post_grad_custom_post_pass=post_grad_config(passes)),
         cpu_safe_aot_stream_passes(),
-        _backward_compiles_see(passes),
+        compile_hook.scope(functools.partial(_adding, mine)),
     ):
-        yield next(p for p in passes if isinstance(p, StreamPass))
+        yield mine
 
 
-_hooked = threading.local()
+def _holds_streampass(config_value: Any) -> bool:
+    return any(isinstance(p, StreamPass) for p in _as_list(config_value))
 
 
-@contextlib.contextmanager
-def _backward_compiles_see(passes: list) -> Iterator[None]:
-    """Give the passes to every inductor compile that starts in the block as a config patch.
-
-    AOT autograd compiles a backward lazily, at the first ``.backward()``, which a training
-    loop calls after the block has ended; torch re-applies ``compile_fx``'s ``config_patches``
-    to that compile (the same path as ``torch.compile(options=...)``), and the config patch
-    of the block alone would be gone by then. ``torch.compile``'s inductor backend looks
-    ``compile_fx`` up on its module at each compile, which is where this wraps it.
-    """
-    from torch._inductor import compile_fx as module
-
-    original = module.compile_fx
-
-    @functools.wraps(original)
-    def compile_fx(model_, example_inputs_, *args, config_patches=None, **kwargs):
-        if getattr(_hooked, "active", False):  # compile_fx calls itself once it has patched
-            return original(model_, example_inputs_, *args, config_patches=config_patches, **kwargs)
-        patches = dict(config_patches or {})
-        mine = next(p for p in passes if isinstance(p, StreamPass))
-        theirs = _as_list(patches.get("post_grad_custom_post_pass", passes))
-        patches["post_grad_custom_post_pass"] = post_grad_config(with_streampass(theirs, mine))
-        _hooked.active = True
-        try:
-            return original(model_, example_inputs_, *args, config_patches=patches, **kwargs)
-        finally:
-            _hooked.active = False
-
-    module.compile_fx = compile_fx
-    try:
-        yield
-    finally:
-        module.compile_fx = original
+def _adding(pass_: StreamPass, config_value: Any):
+    return post_grad_config(with_streampass(config_value, pass_))
 
 
 # The guard for torch's AOT stream passes on CPU lives in streampass.compat; this name is kept

@@ -183,7 +183,7 @@ def test_backward_after_the_block_goes_through_streampass():
 
 
 def test_backward_outside_leaves_other_compiles_alone():
-    """After the block, a new compile gets no StreamPass: the hook is gone with the block."""
+    """After the block, a function compiled for the first time gets no StreamPass."""
     p = spi.StreamPass()
     with spi.enabled(p):
         out = torch.compile(s_branches)(*[torch.randn(8, 8, requires_grad=True) for _ in range(3)])
@@ -191,6 +191,125 @@ def test_backward_outside_leaves_other_compiles_alone():
     n = len(p.reports)
     torch.compile(lambda x: x.cos() * 2)(torch.randn(4))
     assert len(p.reports) == n == 2
+
+
+class Block(torch.nn.Module):
+    """README's training block: two projections on side streams."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        with sp.stream(1):
+            left = torch.relu(self.a(x))
+        with sp.stream(2):
+            right = torch.sigmoid(self.b(x))
+        return (left * right).sum()
+
+
+def test_recompiles_after_the_block_go_through_streampass():
+    """A training loop's last batch is smaller and its evaluation runs under no_grad: both
+    recompile the model after the block. They still get StreamPass (on CPU, without it, torch's
+    own AOT stream pass crashes on the annotated graph; on CUDA the forward would run on its
+    streams with no syncs)."""
+    torch.manual_seed(0)
+    model, ref = Block(), Block()
+    ref.load_state_dict(model.state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
+    step = torch.compile(model)
+    for i, n in enumerate([8, 8, 5]):  # the third batch recompiles (a new size)
+        x = torch.randn(n, 16)
+        if i == 0:
+            with spi.enabled(spi.StreamPass(keep_graphs=True)) as p:
+                loss = step(x)
+        else:
+            loss = step(x)
+        want = ref(x)
+        torch.testing.assert_close(loss, want)
+        for out, opt in zip((loss, want), opts):
+            out.backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b)
+    model.eval()
+    with torch.no_grad():
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(step(x), ref(x))
+    assert [r.graph for r in p.reports] == ["forward", "backward", "forward", "backward", "inference"]
+    assert all(r.records_added > 0 and sp.verify(r.verified_graph).ok for r in p.reports)
+
+
+def f_sin_on_side(x):
+    with sp.stream(1):
+        a = x.sin()
+    b = x.cos()
+    return a * b
+
+
+def f_cos_on_side(x):  # the same code as f_sin_on_side: only where its streams are differs
+    a = x.sin()
+    with sp.stream(1):
+        b = x.cos()
+    return a * b
+
+
+def _side_ops(report) -> list[str]:
+    return [n.target.__name__ for n in report.verified_graph.graph.nodes if n.meta.get("custom", {}).get("stream") == 1
+            and n.op == "call_function" and n.target in (torch.ops.aten.sin.default, torch.ops.aten.cos.default)]  # fmt: skip
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_where_the_streams_are_is_part_of_torchs_cache_keys(training):
+    """Two programs with the same code and different stream annotations never share a cache
+    entry (torch hashes the code, not node.meta); a second compile of each hits its own."""
+    from torch._dynamo.utils import counters
+
+    x = torch.randn(8, requires_grad=training)
+    p = spi.StreamPass(keep_graphs=True)
+    with spi.enabled(p):
+        for fn in (f_sin_on_side, f_cos_on_side):
+            out = torch.compile(fn)(x)
+            if training:
+                out.sum().backward()
+    per_graph = 2 if training else 1
+    side = [(r.graph, _side_ops(r)) for r in p.reports]
+    assert [ops for graph, ops in side if graph != "backward"] == [["sin.default"], ["cos.default"]]
+    if training:  # each backward as its own program made it (what a backward recomputes varies by release)
+        assert [graph for graph, _ in side] == ["forward", "backward"] * 2 and side[1] != side[3]
+    assert counters["inductor"]["fxgraph_cache_miss"] == 2 * per_graph
+    torch._dynamo.reset()  # as a new process would: nothing compiled, the caches on disk
+    counters.clear()
+    with spi.enabled(p):
+        for fn in (f_sin_on_side, f_cos_on_side):
+            torch.testing.assert_close(torch.compile(fn)(x), fn(x))
+    assert counters["inductor"]["fxgraph_cache_hit"] == 2 * per_graph
+    assert counters["inductor"]["fxgraph_cache_miss"] == 0 and len(p.reports) == 2 * per_graph
+
+
+def test_a_pass_given_as_compile_options_keys_the_cache_too():
+    p = spi.StreamPass(keep_graphs=True)
+    for fn in (f_sin_on_side, f_cos_on_side):
+        torch.compile(fn, options={"post_grad_custom_post_pass": p})(torch.randn(8))
+    assert [_side_ops(r) for r in p.reports] == [["sin.default"], ["cos.default"]]
+
+
+def test_a_graph_break_inside_sp_stream_runs_the_function_eagerly():
+    """dynamo cannot resume inside ``torch.fx.traceback.annotate``, so it runs the frame eagerly;
+    ``sp.stream`` must then work as it does outside torch.compile (it used to come back as a
+    function and fail the ``with``)."""
+
+    def f(x):
+        with sp.stream(1):
+            a = x.sin()
+            torch._dynamo.graph_break()
+            b = a.cos()
+        return b + x
+
+    x = torch.randn(4)
+    with spi.enabled():
+        torch.testing.assert_close(torch.compile(f)(x), f(x))
 
 
 def two_user_streams(x):

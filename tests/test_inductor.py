@@ -89,7 +89,8 @@ STYLES = {
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    """No FX/AOT cache reuse between tests (annotations are not part of torch's cache keys)."""
+    """No FX/AOT cache reuse between tests: several compile the same program, and each must see
+    the pass run (tests/test_compile_use.py runs with the caches on)."""
     torch._dynamo.reset()
     with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
         yield

@@ -36,5 +36,5 @@ def test_readme_block_runs_as_pasted(code, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     if "loss.backward()" in code:
         lines = [line for line in out.stdout.splitlines() if line.startswith("streampass [")]
-        assert [line.split(",")[0] for line in lines] == ["streampass [forward", "streampass [backward"]
+        assert [line.split(",")[0] for line in lines] == ["streampass [forward", "streampass [backward"] * 2
         assert all("-> 0 after" in line for line in lines)

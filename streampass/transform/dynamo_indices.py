@@ -59,10 +59,25 @@ def index_offset(is_backward: bool = False) -> tuple[int, str]:
         if ctx is not None and ctx in _FORWARD_OFFSETS:
             return _FORWARD_OFFSETS[ctx]
         return (0, "unknown")
-    answer = (1, "dynamo+1") if registered_object(0) is not None else (0, "dynamo")
+    offset = forward_offset()
+    answer = (1, "dynamo+1") if offset else (0, "dynamo")
     if ctx is not None:
         _FORWARD_OFFSETS[ctx] = answer
     return answer
+
+
+def forward_offset() -> int:
+    """:func:`index_offset`'s offset for the frame dynamo is compiling now, read from its object
+    table and remembered nowhere (the compile hook keys torch's caches with it).
+
+    >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> table.reset_user_object_tracking()
+    >>> forward_offset()
+    0
+    """
+    if torch.accelerator.is_available():
+        return 0
+    return 1 if registered_object(0) is not None else 0
 
 
 def shift_indices(gm: torch.fx.GraphModule, by: int) -> None:

@@ -1,0 +1,162 @@
+"""The hook on inductor's ``compile_fx``: which compiles get StreamPass, and what of a graph's
+streams enters torch's cache keys.
+
+``torch.compile`` compiles lazily, and more than once: the forward at the first call, the
+backward at the first ``.backward()``, and the forward again whenever a guard fails (a new batch
+size, ``model.eval()``, an input that stops requiring grad). A training loop makes most of these
+compiles after its ``enabled()`` block has ended, and a stream-annotated graph compiled without
+StreamPass runs its kernels on their streams with none of the forward's syncs (on CUDA), or
+crashes in torch's own AOT pass (on CPU). So, while the hook is installed:
+
+* a compile that starts inside a :func:`scope` (an ``enabled()`` block) gets the scope's passes
+  as ``config_patches``, which torch re-applies to the backward it compiles later;
+* a frame (a code object: a function, a module's ``forward``, a graph-break continuation) that
+  was compiled inside a scope keeps that scope for every later compile, after the block too;
+  a frame first compiled after the block gets nothing;
+* every graph compiled with a StreamPass (a scope's, ``enable()``'s or ``torch.compile(options=...)``'s)
+  carries :func:`stream_key` as a module attribute. torch's AOT-autograd and FX-graph cache keys
+  pickle a graph's code and attributes but not ``node.meta``, where stream annotations live: without
+  it two programs that differ only in where their streams are share a cache entry, and the second
+  silently gets the first's streams.
+
+The hook knows nothing of StreamPass itself: :func:`install` takes the test for "this post-grad
+config holds a StreamPass", a scope the function that adds its StreamPass to a config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from streampass.compat import cpu_safe_aot
+from streampass.transform.dynamo_indices import forward_offset
+
+#: the inductor config entry StreamPass goes in
+KEY = "post_grad_custom_post_pass"
+#: the module attribute :func:`stream_key` is kept in, which both of torch's cache keys pickle
+KEY_ATTRIBUTE = "_streampass_streams"
+
+_scopes: list[Callable[[Any], Any]] = []  # the open scopes, innermost last
+_frames: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code object -> its scope
+_holds_pass: list[Callable[[Any], bool]] = []  # set by install()
+_state = threading.local()  # .active: inside a hooked compile (compile_fx calls itself)
+
+
+def stream_key(gm: torch.fx.GraphModule, offset: int = 0) -> tuple:
+    """The streams of ``gm`` as torch's cache keys must see them: every ``custom.stream``
+    annotation, by node, in graph order, nested graphs included, and the index offset the pass
+    will read dynamo's indices with (:mod:`streampass.transform.dynamo_indices`).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         a = x.sin()
+    ...     return a + x.cos()
+    >>> stream_key(make_fx(f)(torch.ones(2)))
+    (0, ('', 'sin', '1'))
+    """
+    return (offset,) + tuple(
+        (name, node.name, repr(node.meta["custom"]["stream"]))
+        for name, module in gm.named_modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+        if isinstance(node.meta.get("custom"), dict) and "stream" in node.meta["custom"]
+    )
+
+
+def _stamp(gm: Any, offset: int) -> None:
+    if isinstance(gm, torch.fx.GraphModule):
+        setattr(gm, KEY_ATTRIBUTE, stream_key(gm, offset))
+
+
+@contextlib.contextmanager
+def scope(add: Callable[[Any], Any]) -> Iterator[None]:
+    """Compiles that start in the block, and later compiles of the frames they compiled, get
+    ``add(post-grad config)`` as their post-grad passes. Needs :func:`install`."""
+    _scopes.append(add)
+    try:
+        yield
+    finally:
+        _scopes.remove(add)
+
+
+def install(holds_pass: Callable[[Any], bool]) -> None:
+    """Hook ``torch._inductor.compile_fx.compile_fx`` (once; later calls do nothing).
+    ``holds_pass(config value)``: whether a post-grad config already holds a StreamPass.
+
+    ``torch.compile``'s inductor backend looks ``compile_fx`` up on its module at each compile, so
+    the module attribute is the one place every compile passes. A compile with no StreamPass and
+    no scope goes through untouched.
+    """
+    from torch._inductor import compile_fx as module
+    from torch._inductor import config
+
+    if getattr(module.compile_fx, "_streampass_hook", False):
+        return
+    _holds_pass.append(holds_pass)
+    original = module.compile_fx
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def compile_fx(*args, **kwargs):
+        if getattr(_state, "active", False):  # compile_fx calls itself once it has patched
+            return original(*args, **kwargs)
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        patches = dict(call.arguments["config_patches"] or {})
+        add = _scope_of_this_compile()
+        if add is not None:
+            patches[KEY] = add(patches.get(KEY, getattr(config, KEY)))
+        elif not _holds_pass[0](patches.get(KEY, getattr(config, KEY))):
+            return original(*args, **kwargs)
+        offset = forward_offset()
+        _stamp(call.arguments["model_"], offset)
+        call.arguments["inner_compile"] = _stamping(call.arguments["inner_compile"], offset)
+        call.arguments["config_patches"] = patches or None
+        _state.active = True
+        try:
+            with cpu_safe_aot():  # a recompile after the block still needs the CPU guard
+                return original(*call.args, **call.kwargs)
+        finally:
+            _state.active = False
+
+    compile_fx._streampass_hook = True
+    module.compile_fx = compile_fx
+
+
+def _stamping(inner_compile: Callable, offset: int) -> Callable:
+    """``inner_compile`` (what compiles each of AOT's graphs, the lazy backward included) that
+    first gives the graph its :func:`stream_key`."""
+
+    @functools.wraps(inner_compile)
+    def compile_with_key(gm, *args, **kwargs):
+        _stamp(gm, offset)
+        return inner_compile(gm, *args, **kwargs)
+
+    return compile_with_key
+
+
+def _scope_of_this_compile() -> Callable[[Any], Any] | None:
+    code = _frame_code()
+    if _scopes:
+        if code is not None:
+            _frames[code] = _scopes[-1]
+        return _scopes[-1]
+    return _frames.get(code) if code is not None else None
+
+
+def _frame_code():
+    """The code object dynamo is compiling now (its instruction translator is live while the
+    backend runs), or None outside dynamo."""
+    from torch._dynamo import symbolic_convert
+
+    tx = getattr(symbolic_convert.tls, "current_tx", None)
+    return getattr(tx, "f_code", None)
