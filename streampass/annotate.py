@@ -33,9 +33,10 @@ def stream(k: int):
     [1, None]
     """
     check_stream_index(k)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_dynamo_compiling():
         # dynamo understands annotate() itself; a generator context manager would be inlined.
         return fx_traceback.annotate({"stream": k})
+    # make_fx, AOT autograd and torch.export's non-strict tracer run this code as Python
     return _stream_eager(k)
 
 

@@ -237,7 +237,7 @@ def load_target(
     if target.endswith(".pt2") or os.path.isfile(target):
         if not os.path.isfile(target):
             raise UsageError(f"no such file: {target}")
-        # the flat ATen graph, parameters as inputs; stream annotations survive strict export only
+        # the flat ATen graph, parameters as inputs, with the custom.stream annotations
         return torch.export.load(target).graph_module
     mod_name, sep, attr = target.partition(":")
     if not sep or not mod_name or not attr:
@@ -264,7 +264,7 @@ def inspect(args: argparse.Namespace) -> int:
     dag = StreamDAG.from_graph(gm)
     lines = [f"== streampass inspect {args.target} =="] + describe(dag)
     if dag.streams == [0]:
-        lines.append("  (only the ambient stream: torch.export keeps streampass.stream annotations with strict=True)")
+        lines.append("  (only the ambient stream: no node carries a stream annotation or runs in a fork/join region)")
     hazards = dag.hazards()
     kinds = Counter(h.kind for h in hazards)
     lines.append(

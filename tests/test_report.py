@@ -77,7 +77,8 @@ def test_inspect_module_function(tmp_path, monkeypatch, capsys):
     _self_contained(path.read_text())
 
 
-def test_inspect_exported_program(tmp_path, capsys):
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "non-strict"])
+def test_inspect_exported_program(tmp_path, capsys, strict):
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -88,8 +89,10 @@ def test_inspect_exported_program(tmp_path, capsys):
                 y = self.lin(x).cos()
             return y + x
 
-    # strict export traces sp.stream as torch.fx.traceback.annotate, which survives save/load
-    ep = torch.export.export(M(), (torch.randn(2, 8),), strict=True)
+    # strict export traces sp.stream with dynamo, non-strict (torch's default) as Python under
+    # make_fx; the annotation survives both, and save/load
+    ep = torch.export.export(M(), (torch.randn(2, 8),), strict=strict)
+    assert {n.meta.get("custom", {}).get("stream") for n in ep.graph.nodes if n.op == "call_function"} == {1, None}
     pt2 = tmp_path / "m.pt2"
     torch.export.save(ep, str(pt2))
     path = tmp_path / "m.html"
