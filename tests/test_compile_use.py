@@ -241,6 +241,73 @@ def test_recompiles_after_the_block_go_through_streampass():
     assert all(r.records_added > 0 and sp.verify(r.verified_graph).ok for r in p.reports)
 
 
+class ParallelBlock(torch.nn.Module):
+    """A GPT-J style block: attention and the MLP read the same normalised input, one stream each."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.ln, self.heads = torch.nn.LayerNorm(d), heads
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        y = self.ln(x)
+        b, t, c = y.shape
+        with sp.stream(1):
+            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(y).split(c, -1))
+            att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            att = self.proj(att.transpose(1, 2).reshape(b, t, c))
+        with sp.stream(2):
+            mlp = self.fc2(torch.nn.functional.gelu(self.fc1(y)))
+        return x + att + mlp
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab=64, d=32, layers=2):
+        super().__init__()
+        self.emb, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Parameter(torch.zeros(16, d))
+        self.blocks = torch.nn.ModuleList(ParallelBlock(d) for _ in range(layers))
+        self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
+
+    def forward(self, idx, target):
+        x = self.emb(idx) + self.pos[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln(x))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+@pytest.mark.slow
+def test_a_language_model_training_loop():
+    """AdamW, gradient clipping, a smaller last batch, then evaluation: every graph the loop
+    compiles goes through StreamPass and verifies, and the losses equal eager's."""
+    torch.manual_seed(0)
+    model, ref = TinyLM(), TinyLM()
+    ref.load_state_dict(model.state_dict())
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, ref)]
+    step = torch.compile(model)
+    batches = [(torch.randint(0, 64, (n, 16)), torch.randint(0, 64, (n, 16))) for n in (8, 8, 3)]
+    for i, (idx, target) in enumerate(batches):
+        if i == 0:
+            with spi.enabled(spi.StreamPass(keep_graphs=True)) as p:
+                loss = step(idx, target)
+        else:
+            loss = step(idx, target)
+        want = ref(idx, target)
+        torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-4)
+        for m, out, opt in zip((model, ref), (loss, want), opts):
+            out.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    model.eval()
+    ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(step(*batches[0]), ref(*batches[0]), rtol=1e-4, atol=1e-4)
+    assert [r.graph for r in p.reports] == ["forward", "backward", "forward", "backward", "inference"]
+    assert all(r.streams == [0, 1, 2] and sp.verify(r.verified_graph).ok for r in p.reports)
+
+
 def f_sin_on_side(x):
     with sp.stream(1):
         a = x.sin()
