@@ -45,7 +45,7 @@ KEY_ATTRIBUTE = "_streampass_streams"
 
 _scopes: list[Callable[[Any], Any]] = []  # the open scopes, innermost last
 _frames: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code object -> its scope
-_holds_pass: list[Callable[[Any], bool]] = []  # set by install()
+_holds_pass: Callable[[Any], bool] = lambda config_value: False  # set by install()
 _state = threading.local()  # .active: inside a hooked compile (compile_fx calls itself)
 
 
@@ -99,9 +99,10 @@ def install(holds_pass: Callable[[Any], bool]) -> None:
     from torch._inductor import compile_fx as module
     from torch._inductor import config
 
+    global _holds_pass
     if getattr(module.compile_fx, "_streampass_hook", False):
         return
-    _holds_pass.append(holds_pass)
+    _holds_pass = holds_pass
     original = module.compile_fx
     signature = inspect.signature(original)
 
@@ -115,7 +116,7 @@ def install(holds_pass: Callable[[Any], bool]) -> None:
         add = _scope_of_this_compile()
         if add is not None:
             patches[KEY] = add(patches.get(KEY, getattr(config, KEY)))
-        elif not _holds_pass[0](patches.get(KEY, getattr(config, KEY))):
+        elif not _holds_pass(patches.get(KEY, getattr(config, KEY))):
             return original(*args, **kwargs)
         offset = forward_offset()
         _stamp(call.arguments["model_"], offset)

@@ -379,27 +379,16 @@ def test_a_graph_break_inside_sp_stream_runs_the_function_eagerly():
         torch.testing.assert_close(torch.compile(f)(x), f(x))
 
 
-class TwoBranch(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
-
-    def forward(self, x):
-        with sp.stream(1):
-            left = self.a(x).relu()
-        return left * self.b(x).sigmoid()
-
-
 def test_exported_program_through_aot_inductor_keeps_its_streams(tmp_path):
     """torch.export's default (non-strict) tracer, then AOTInductor's package: the pass sees the
     program's side stream, and the packaged code runs the syncs it planned."""
-    model, x = TwoBranch().eval(), torch.randn(4, 8)
+    model, x = Block().eval(), torch.randn(4, 16)
     ep = torch.export.export(model, (x,))
     p = spi.StreamPass(keep_graphs=True)
     with spi.enabled(p):
         path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))
     (r,) = p.reports
-    assert r.streams == [0, 1] and r.records_added > 0 and sp.verify(r.verified_graph).ok
+    assert r.streams == [0, 1, 2] and r.records_added > 0 and sp.verify(r.verified_graph).ok
     loaded = torch._inductor.aoti_load_package(path)
     before = sum(spi.RUNTIME_SYNCS.values())
     with torch.no_grad():
