@@ -265,6 +265,11 @@ def inspect(args: argparse.Namespace) -> int:
     lines = [f"== streampass inspect {args.target} =="] + describe(dag)
     if dag.streams == [0]:
         lines.append("  (only the ambient stream: no node carries a stream annotation or runs in a fork/join region)")
+        if not args.target.endswith(".pt2"):
+            lines.append(
+                "  (make_fx traces module:function and does not record `with torch.Stream(...)` or"
+                " torch.cuda.stream blocks: mark them with streampass.stream(k))"
+            )
     hazards = dag.hazards()
     kinds = Counter(h.kind for h in hazards)
     lines.append(

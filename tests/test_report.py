@@ -77,6 +77,27 @@ def test_inspect_module_function(tmp_path, monkeypatch, capsys):
     _self_contained(path.read_text())
 
 
+def test_inspect_says_make_fx_does_not_see_stream_contexts(tmp_path, monkeypatch, capsys):
+    (tmp_path / "sp_user_streams.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            SIDE = torch.Stream("cpu")
+
+            def fn(x):
+                with SIDE:
+                    y = x.sin()
+                return y + 1
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["inspect", "sp_user_streams:fn", "--shapes", "4", "--html", ""]) == 0
+    out = capsys.readouterr().out
+    assert "streams: [0]" in out and "mark them with streampass.stream(k)" in out
+
+
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "non-strict"])
 def test_inspect_exported_program(tmp_path, capsys, strict):
     class M(torch.nn.Module):
