@@ -11,8 +11,8 @@ crashes in torch's own AOT pass (on CPU). So, while the hook is installed:
 * a compile that starts inside a :func:`scope` (an ``enabled()`` block) gets the scope's passes
   as ``config_patches``, which torch re-applies to the backward it compiles later;
 * a frame (a code object: a function, a module's ``forward``, a graph-break continuation) that
-  was compiled inside a scope keeps that scope for every later compile, after the block too;
-  a frame first compiled after the block gets nothing;
+  was compiled inside a scope keeps that scope for every later compile, after the block too,
+  until ``torch._dynamo.reset()``; a frame first compiled after the block gets nothing;
 * every graph compiled with a StreamPass (a scope's, ``enable()``'s or ``torch.compile(options=...)``'s)
   carries :func:`stream_key` as a module attribute. torch's AOT-autograd and FX-graph cache keys
   pickle a graph's code and attributes but not ``node.meta``, where stream annotations live: without
@@ -44,7 +44,8 @@ KEY = "post_grad_custom_post_pass"
 KEY_ATTRIBUTE = "_streampass_streams"
 
 _scopes: list[Callable[[Any], Any]] = []  # the open scopes, innermost last
-_frames: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code object -> its scope
+#: code object -> (its scope, dynamo's state dict for the code when the scope was recorded)
+_frames: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _holds_pass: Callable[[Any], bool] = lambda config_value: False  # set by install()
 _state = threading.local()  # .active: inside a hooked compile (compile_fx calls itself)
 
@@ -146,18 +147,22 @@ def _stamping(inner_compile: Callable, offset: int) -> Callable:
 
 
 def _scope_of_this_compile() -> Callable[[Any], Any] | None:
-    code = _frame_code()
+    code, state = _frame()
     if _scopes:
         if code is not None:
-            _frames[code] = _scopes[-1]
+            _frames[code] = (_scopes[-1], state)
         return _scopes[-1]
-    return _frames.get(code) if code is not None else None
+    add, seen_state = _frames.get(code, (None, None)) if code is not None else (None, None)
+    # torch._dynamo.reset() forgets every compiled frame (as a new process would), and dynamo
+    # then keeps a new state dict for the code: a compile after it is a first compile again.
+    return add if seen_state is state else None
 
 
-def _frame_code():
-    """The code object dynamo is compiling now (its instruction translator is live while the
-    backend runs), or None outside dynamo."""
+def _frame() -> tuple[Any, Any]:
+    """The code object dynamo is compiling now and the state dict dynamo keeps for that code
+    until ``torch._dynamo.reset()`` (its instruction translator is live while the backend runs);
+    Nones outside dynamo."""
     from torch._dynamo import symbolic_convert
 
     tx = getattr(symbolic_convert.tls, "current_tx", None)
-    return getattr(tx, "f_code", None)
+    return getattr(tx, "f_code", None), getattr(getattr(tx, "output", None), "frame_state", None)

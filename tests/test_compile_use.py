@@ -193,6 +193,23 @@ def test_backward_outside_leaves_other_compiles_alone():
     assert len(p.reports) == n == 2
 
 
+def test_a_recompile_keeps_streampass_until_dynamo_forgets_the_function():
+    """torch._dynamo.reset() forgets every compiled function, as a new process would: a compile
+    after it is a first compile, and outside a block it gets no StreamPass."""
+
+    def g(x):
+        return x.cos() * 2
+
+    p = spi.StreamPass()
+    with spi.enabled(p):
+        torch.compile(g)(torch.randn(4))
+    torch.compile(g)(torch.randn(5, 3))  # a recompile (another rank), after the block
+    assert len(p.reports) == 2
+    torch._dynamo.reset()
+    torch.compile(g)(torch.randn(6, 3, 2))
+    assert len(p.reports) == 2
+
+
 class Block(torch.nn.Module):
     """README's training block: two projections on side streams."""
 
