@@ -13,6 +13,8 @@ crashes in torch's own AOT pass (on CPU). So, while the hook is installed:
 * a frame (a code object: a function, a module's ``forward``, a graph-break continuation) that
   was compiled inside a scope keeps that scope for every later compile, after the block too,
   until ``torch._dynamo.reset()``; a frame first compiled after the block gets nothing;
+* every other compile gets the process-wide scope (:func:`everywhere`: ``enable()``), if one is
+  set, even one whose ``torch.compile(options=...)`` replaces the post-grad passes;
 * every graph compiled with a StreamPass (a scope's, ``enable()``'s or ``torch.compile(options=...)``'s)
   carries :func:`stream_key` as a module attribute. torch's AOT-autograd and FX-graph cache keys
   pickle a graph's code and attributes but not ``node.meta``, where stream annotations live: without
@@ -44,6 +46,7 @@ KEY = "post_grad_custom_post_pass"
 KEY_ATTRIBUTE = "_streampass_streams"
 
 _scopes: list[Callable[[Any], Any]] = []  # the open scopes, innermost last
+_everywhere: Callable[[Any], Any] | None = None  # the process-wide scope (enable()), under them all
 #: code object -> (its scope, dynamo's state dict for the code when the scope was recorded)
 _frames: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _holds_pass: Callable[[Any], bool] = lambda config_value: False  # set by install()
@@ -87,6 +90,14 @@ def scope(add: Callable[[Any], Any]) -> Iterator[None]:
         yield
     finally:
         _scopes.remove(add)
+
+
+def everywhere(add: Callable[[Any], Any] | None) -> None:
+    """Make ``add`` the process-wide scope: every compile that no :func:`scope` answers for
+    (neither open now nor remembered for the frame) gets ``add(post-grad config)``, whatever
+    its own config says. ``None`` removes it. Needs :func:`install`."""
+    global _everywhere
+    _everywhere = add
 
 
 def install(holds_pass: Callable[[Any], bool]) -> None:
@@ -155,7 +166,7 @@ def _scope_of_this_compile() -> Callable[[Any], Any] | None:
     add, seen_state = _frames.get(code, (None, None)) if code is not None else (None, None)
     # torch._dynamo.reset() forgets every compiled frame (as a new process would), and dynamo
     # then keeps a new state dict for the code: a compile after it is a first compile again.
-    return add if seen_state is state else None
+    return add if add is not None and seen_state is state else _everywhere
 
 
 def _frame() -> tuple[Any, Any]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import functools
 import hashlib
 import json
@@ -45,14 +44,15 @@ import torch.fx
 
 from streampass import compat, compile_hook, ops, values
 from streampass.analysis.reading import read_streams
-from streampass.assign.in_compile import cost_key, note, summary
-from streampass.compat import PassBase, PassChain, aot_guard_on, cpu_safe_aot, post_grad_config
+from streampass.assign.in_compile import cost_key, summary
+from streampass.compat import PassBase, PassChain, aot_guard_off, aot_guard_on, cpu_safe_aot, post_grad_config
 from streampass.errors import StreamPassError
+from streampass.graph_report import GraphReport, nonzero
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import dynamo_indices, snapshot
 from streampass.transform.lower import RUNTIME_SYNCS, lower_for_cpu, lower_for_gpu
-from streampass.transform.pipeline import RunResult, run
+from streampass.transform.pipeline import run
 from streampass.transform.plan import EVENT_BASE
 
 log = logging.getLogger(__name__)
@@ -82,58 +82,6 @@ def _hash_files(paths: tuple[str, ...], extra: str) -> bytes:
 # --------------------------------------------------------------------------------------------
 # The pass
 # --------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class GraphReport:
-    """What :class:`StreamPass` did to one compiled graph (one log line, one trace artifact)."""
-
-    graph: str  # "inference", "forward" or "backward"
-    device: str
-    streams: list[int]
-    cross_stream_edges: int
-    records_added: int
-    waits_added: int
-    hazards_before: dict[str, int]
-    hazards_after: dict[str, int]
-    changed: bool
-    lowering: str  # "native" (GPU), "cpu" or "none"
-    result: RunResult | None = dataclasses.field(default=None, repr=False)
-    verified_graph: torch.fx.GraphModule | None = dataclasses.field(default=None, repr=False)
-    #: how stream indices relate to dynamo's object table (see :mod:`streampass.transform.dynamo_indices`):
-    #: "dynamo" (the same; 0 is the ambient stream), "dynamo+1" (dynamo's index i is stream i + 1,
-    #: since dynamo gave index 0 to a user object) or "unknown"
-    indices: str = "dynamo"
-    #: with ``StreamPass(assign="auto")``: the candidate chosen, its side streams and the
-    #: predicted makespan against one stream (:func:`streampass.assign_streams`)
-    assigned: dict | None = None
-
-    def to_json(self) -> dict:
-        """The report's fields as a JSON-able dict (without the run result and the kept graph)."""
-        skip = ("result", "verified_graph")
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
-
-    def line(self) -> str:
-        """The report as one log line."""
-        before, after = sum(self.hazards_before.values()), sum(self.hazards_after.values())
-        return (
-            f"streampass [{self.graph}, {self.device}]: streams {self.streams}, "
-            f"{self.cross_stream_edges} cross-stream edge(s), added {self.records_added} record(s) "
-            f"and {self.waits_added} wait(s), hazards {before} before -> {after} after"
-            + ("" if before == 0 else f" {_nonzero(self.hazards_before)}")
-            + ("" if self.indices == "dynamo" else f"; stream indices: {_INDEX_NOTES[self.indices]}")
-            + ("" if self.assigned is None else note(self.assigned))
-        )
-
-
-_INDEX_NOTES = {
-    "dynamo+1": "dynamo's index + 1 (dynamo gave index 0 to a user object, so 0 here is the ambient stream)",
-    "unknown": "as dynamo numbered them; whether index 0 is the ambient stream is not known (forward not seen)",
-}
-
-
-def _nonzero(kinds: dict[str, int]) -> dict[str, int]:
-    return {k: v for k, v in kinds.items() if v}
-
-
 class StreamPass(PassBase):
     """:func:`streampass.run` as ``torch._inductor.config.post_grad_custom_post_pass``.
 
@@ -218,7 +166,7 @@ class StreamPass(PassBase):
             lower_for_gpu(gm, result.assignment)
         return GraphReport(
             kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
-            _nonzero(result.before.by_kind()), _nonzero(result.after.by_kind()), result.changed or offset != 0,
+            nonzero(result.before.by_kind()), nonzero(result.after.by_kind()), result.changed or offset != 0,
             lowering, result, kept, indices, summary(choice),
         )  # fmt: skip
 
@@ -285,32 +233,69 @@ def _the_pass(pass_: StreamPass | None, assign: str | None) -> StreamPass | None
     return StreamPass(assign=assign)
 
 
+#: what enable() did, for disable(): (the pass, the config value before, the value it set)
+_enabled: tuple[StreamPass, Any, Any] | None = None
+
+
 def enable(pass_: StreamPass | None = None, *, assign: str | None = None) -> StreamPass:
-    """Install StreamPass for the rest of the process (next to any post-grad pass already set).
-    ``assign="auto"``: streampass also chooses streams for the nodes the program left on the
-    ambient stream (``StreamPass(assign="auto")``).
+    """Install StreamPass for every compile of the rest of the process (next to any post-grad
+    pass already set), until :func:`disable`. A compile whose ``torch.compile(options=...)``
+    replaces the post-grad passes gets StreamPass after them too. ``assign="auto"``: streampass
+    also chooses streams for the nodes the program left on the ambient stream
+    (``StreamPass(assign="auto")``). Returns the installed pass; a second call returns the
+    one already installed.
 
     Also installs the CPU guard for torch's AOT stream passes (:func:`cpu_safe_aot_stream_passes`)
-    and the object-table fallback. Returns the installed pass.
+    and the object-table fallback.
 
     >>> from torch._inductor import config
-    >>> from streampass.compat import aot_guard_off
     >>> saved = config.post_grad_custom_post_pass
     >>> mine = lambda graph: None  # a user's own post-grad pass
     >>> config.post_grad_custom_post_pass = mine
     >>> p = enable()
     >>> config.post_grad_custom_post_pass == post_grad_config([mine, p]), isinstance(p, StreamPass)
     (True, True)
-    >>> config.post_grad_custom_post_pass = saved  # undo it: the config and the AOT guard
-    >>> aot_guard_off()
+    >>> enable() is p
+    True
+    >>> disable(); config.post_grad_custom_post_pass is mine
+    True
+    >>> config.post_grad_custom_post_pass = saved
     """
     from torch._inductor import config
 
-    passes = with_streampass(config.post_grad_custom_post_pass, _the_pass(pass_, assign))
-    config.post_grad_custom_post_pass = post_grad_config(passes)
-    aot_guard_on()
+    global _enabled
+    before = config.post_grad_custom_post_pass
+    if _enabled is None:
+        aot_guard_on()
+    if _enabled is None or not _holds_streampass(before):  # else: nothing to change
+        passes = with_streampass(before, _enabled[0] if _enabled else _the_pass(pass_, assign))
+        config.post_grad_custom_post_pass = post_grad_config(passes)
+        mine = next(p for p in passes if isinstance(p, StreamPass))
+        _enabled = (mine, before, config.post_grad_custom_post_pass)
+    compile_hook.everywhere(functools.partial(_adding, _enabled[0]))
     install_object_fallback()
-    return next(p for p in passes if isinstance(p, StreamPass))
+    return _enabled[0]
+
+
+def disable() -> None:
+    """Undo :func:`enable`: later compiles get StreamPass only from an ``enabled()`` block (and
+    the frames compiled in one), or from their own config. The post-grad config goes back to what
+    it was before ``enable()`` if nothing changed it since; otherwise only the pass is taken out
+    of it. Code already compiled keeps its syncs. Does nothing when StreamPass is not enabled."""
+    from torch._inductor import config
+
+    global _enabled
+    if _enabled is None:
+        return
+    mine, before, set_to = _enabled
+    if config.post_grad_custom_post_pass is set_to:
+        config.post_grad_custom_post_pass = before
+    else:
+        rest = [p for p in _as_list(config.post_grad_custom_post_pass) if p is not mine]
+        config.post_grad_custom_post_pass = post_grad_config(rest) if rest else None
+    compile_hook.everywhere(None)
+    aot_guard_off()
+    _enabled = None
 
 
 @contextlib.contextmanager
@@ -363,6 +348,7 @@ __all__ = [
     "GraphReport",
     "StreamPass",
     "cpu_safe_aot_stream_passes",
+    "disable",
     "enable",
     "enabled",
     "install_object_fallback",

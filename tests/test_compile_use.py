@@ -210,6 +210,51 @@ def test_a_recompile_keeps_streampass_until_dynamo_forgets_the_function():
     assert len(p.reports) == 2
 
 
+@pytest.fixture
+def enabled_for_the_test():
+    """``spi.enable()`` for one test, undone after it (``spi.disable()``)."""
+    yield spi.enable
+    spi.disable()
+
+
+def test_enable_covers_a_compile_whose_options_replace_the_post_grad_pass(enabled_for_the_test):
+    """``enable()`` is for the whole process: a compile that gives its own post-grad pass in
+    ``options`` gets StreamPass after it (on CPU, without it, inductor's code names an undefined
+    ``stream1``)."""
+    p = enabled_for_the_test(spi.StreamPass(keep_graphs=True))
+    seen = []
+
+    def mine(graph):
+        seen.append([n.target for n in graph.nodes if n.op == "call_function"])
+
+    x = torch.randn(8)
+    torch.testing.assert_close(
+        torch.compile(f_sin_on_side, options={"post_grad_custom_post_pass": mine})(x), f_sin_on_side(x)
+    )
+    assert len(seen) == 1 and not any(t in ops.STREAM_OPS or t is ops.CONTROL_DEPS for t in seen[0])  # it ran first
+    assert [r.graph for r in p.reports] == ["inference"] and _side_ops(p.reports[0]) == ["sin.default"]
+
+
+def test_disable_undoes_enable(enabled_for_the_test):
+    before = inductor_config.post_grad_custom_post_pass
+    p = enabled_for_the_test(spi.StreamPass())
+    torch.compile(f_sin_on_side)(torch.randn(8))
+    assert len(p.reports) == 1
+    spi.disable()
+    assert inductor_config.post_grad_custom_post_pass == before
+    torch.compile(lambda x: x.cos() * 2)(torch.randn(8))  # a first compile, after disable(): untouched
+    assert len(p.reports) == 1
+    spi.disable()  # a second time does nothing
+
+
+def test_enable_inside_a_block_outlives_the_block(enabled_for_the_test):
+    """The block puts its config back when it ends; ``enable()`` called inside it still holds."""
+    with spi.enabled() as p:
+        assert enabled_for_the_test() is p
+    torch.compile(f_sin_on_side)(torch.randn(8))  # first compiled after the block
+    assert [r.graph for r in p.reports] == ["inference"]
+
+
 class Block(torch.nn.Module):
     """README's training block: two projections on side streams."""
 
