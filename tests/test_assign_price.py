@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streampass as sp
+from streampass.assign.choose import ANY_OTHER
 from streampass.assign.dag import work_graph
 from streampass.assign.evaluate import evaluate
 from streampass.assign.price import Pricer, hoisted, restreamed
@@ -137,4 +138,41 @@ def test_skipping_by_lower_bound_changes_no_choice(gm, max_streams, big):
     assert not every.skipped
     assert (quick.streams, quick.candidate) == (every.streams, every.candidate)
     assert (quick.makespan, quick.waits, quick.peak_bytes) == (every.makespan, every.waits, every.peak_bytes)
-    assert len(quick.candidates) + len(quick.skipped) == len(every.candidates)
+    if [name for name, _ in quick.skipped] == [ANY_OTHER]:  # none could beat one stream: none built
+        assert quick.candidate == "one stream" and len(quick.candidates) == 1
+        assert all(e.makespan >= quick.skipped[0][1] * (1 - 1e-9) for e in every.candidates if e.name != "one stream")
+    else:
+        assert len(quick.candidates) + len(quick.skipped) == len(every.candidates)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gm=graphs, seed=st.integers(0, 1000), streams=st.integers(2, 4), cpu_launch=st.booleans())
+def test_the_floor_is_below_every_assignment_but_one_stream(gm, seed, streams, cpu_launch):
+    """``Pricer.floor``: no assignment that moves a free node can cost less (random streams for
+    random nodes, including ones that only move work onto the program's own streams)."""
+    a = sp.read_streams(gm)
+    w = work_graph(a, CostModel("h100"))
+    price = Pricer(a, CostModel("h100"), cpu_launch, known=w.time)
+    moved = {n: s for n, s in _random_streams(a, seed, streams).items() if s != sp.ops.AMBIENT or n in w.free}
+    if not any(s != sp.ops.AMBIENT for s in moved.values()):
+        return  # the single-stream assignment: the floor does not bound it
+    assert price(moved).makespan >= price.floor(w) * (1 - 1e-9)
+
+
+def test_when_nothing_can_beat_one_stream_no_other_candidate_is_built():
+    """Kernels shorter than their launch: the CPU's launches are the makespan on one stream, and
+    any side stream adds a record and a wait to them."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, *ws):
+        return sum((x @ w).relu() for w in ws)
+
+    m = torch.empty(8, 8, device="meta")
+    gm = make_fx(f)(m, *[m] * 4)
+    choice = sp.assign_streams(gm)
+    assert choice.used == [0] and [e.name for e in choice.candidates] == ["one stream"]
+    assert [name for name, _ in choice.skipped] == [ANY_OTHER] and "lower bounds" in choice.explain()
+    every = sp.assign_streams(gm, exhaustive=True)
+    assert every.streams == choice.streams and len(every.candidates) > 1
+    assert min(e.makespan for e in every.candidates if e.name != "one stream") >= choice.skipped[0][1]

@@ -43,7 +43,9 @@ class StreamChoice:
         candidate: the name of the candidate that won.
         candidates: every candidate priced, in the order tried.
         skipped: ``(name, lower bound)`` of the candidates not priced: even with free syncs
-            they could not come within :data:`TIE` of the fastest.
+            they could not come within :data:`TIE` of the fastest. When no assignment at all
+            could beat one stream (``Pricer.floor``), the others are not even built and this is
+            ``[(ANY_OTHER, that bound)]``.
         reasons: node name -> why it is on the stream it is on (fixed, critical path, too small, ...).
         free: the nodes the choice may place (the rest are fixed by the graph).
         seconds: wall time of the whole search.
@@ -258,8 +260,14 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
     free = frozenset(n.name for n in w.free)
     budget = float("inf") if memory_budget is None else memory_budget
     search = _Search(gm, a, w, free, model, cpu_launch, events, budget, prune=not exhaustive)
-    first, *rest = generate(w, slots, groups)
-    single = search.price(*first)
+    rest = generate(w, slots, groups)
+    single = search.price(*next(rest))
+    others = len(slots) > 1 and len(w.free) > 1  # as generate() has them
+    floor = search.pricer.floor(w) if others and search.prune and single.peak_bytes <= budget else None
+    if floor is not None and floor >= single.makespan * (1 - 1e-9):
+        # No other assignment can be strictly faster (a chain, a launch-bound graph): one stream
+        # wins whatever the others cost, so they are neither built nor priced.
+        return _choice(w, single, single, [single], [(ANY_OTHER, floor)], free, model, memory_budget)
     # Against the fastest multi-stream candidate, not one stream: the leaders below are the
     # multi-stream candidates tied with it, and must be the same as if every one were priced.
     search.batch(rest, than=lambda e: e is not single)
@@ -280,8 +288,18 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
         search.batch(search.skipped.values())
     evals = list(search.tried.values())
     best = pick(evals, single, budget)
+    skipped = [(name, bound) for name, bound, *_ in search.skipped.values()]
+    return _choice(w, best, single, evals, skipped, free, model, memory_budget)
+
+
+#: the name :attr:`StreamChoice.skipped` gives every candidate not built when none can beat one stream
+ANY_OTHER = "every other assignment"
+
+
+def _choice(w, best, single, evals, skipped, free, model, memory_budget) -> StreamChoice:
+    budget = float("inf") if memory_budget is None else memory_budget
     note = ""
-    if best is single and len(evals) + len(search.skipped) > 1:
+    if best is single and len(evals) + len(skipped) > 1:
         rival = min((e for e in evals if e is not single), key=lambda e: e.makespan, default=None)
         if rival is not None:
             note = (
@@ -302,7 +320,7 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
         peak_bytes=best.peak_bytes,
         candidate=best.name,
         candidates=evals,
-        skipped=[(name, bound) for name, bound, *_ in search.skipped.values()],
+        skipped=skipped,
         reasons=reasons,
         free=free,
         note=note,

@@ -146,11 +146,38 @@ class Pricer:
         ideal = ideal_makespan(w.nodes, streams, w.preds, w.time, profile, self.cpu_launch)
         if not self.cpu_launch:
             return ideal
-        if self.cpu_floor is None:  # what the simulator's CPU spends on the graph as it is
-            items = build_items(graph_steps(self.a), self.times, profile, True, serial=False)
-            self.cpu_floor = sum(it.cpu for it in items)
         new = len(set(streams.values()) - set(self.a.streams))
-        return max(ideal, self.cpu_floor + 2 * new * profile.sync_cost)
+        return max(ideal, self._cpu() + 2 * new * profile.sync_cost)
+
+    def floor(self, w) -> float:
+        """A lower bound on :meth:`bound`, so on the price, of every candidate over ``w`` that
+        is not the single-stream one: each node on a stream of its own, each dependency met for
+        free, and with ``cpu_launch`` the CPU's time as the graph has it, plus a record and a
+        wait if the graph has no side stream (every other candidate then adds one). When one
+        stream already costs no more than this, no candidate can be faster.
+
+        >>> import torch, streampass as sp
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> from streampass.assign.dag import work_graph
+        >>> m = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
+        >>> a = sp.read_streams(make_fx(lambda x, w: ((x @ w) @ w).relu())(m, m))  # a chain
+        >>> price = Pricer(a, CostModel())
+        >>> price.floor(work_graph(a, CostModel())) >= price({}).makespan
+        True
+        """
+        own = {n: i for i, n in enumerate(w.nodes)}
+        ideal = ideal_makespan(w.nodes, own, w.preds, w.time, self.model.profile, self.cpu_launch)
+        if not self.cpu_launch:
+            return ideal
+        new = 0 if set(self.a.streams) - {AMBIENT} else 1
+        return max(ideal, self._cpu() + 2 * new * self.model.profile.sync_cost)
+
+    def _cpu(self) -> float:
+        """What the simulator's CPU spends on the graph as it is (its launches and syncs)."""
+        if self.cpu_floor is None:
+            items = build_items(graph_steps(self.a), self.times, self.model.profile, True, serial=False)
+            self.cpu_floor = sum(it.cpu for it in items)
+        return self.cpu_floor
 
     def __call__(self, streams: Mapping[Node, int]) -> Priced:
         a = restreamed(self.a, streams) if streams else self.a
