@@ -142,12 +142,7 @@ class Pricer:
           and a wait for each stream the graph did not have (its work must be joined back
           before the return, through an event of its own).
         """
-        profile = self.model.profile
-        ideal = ideal_makespan(w.nodes, streams, w.preds, w.time, profile, self.cpu_launch)
-        if not self.cpu_launch:
-            return ideal
-        new = len(set(streams.values()) - set(self.a.streams))
-        return max(ideal, self._cpu() + 2 * new * profile.sync_cost)
+        return self._bound(w, streams, new_streams=len(set(streams.values()) - set(self.a.streams)))
 
     def floor(self, w) -> float:
         """A lower bound on :meth:`bound`, so on the price, of every candidate over ``w`` that
@@ -166,18 +161,19 @@ class Pricer:
         True
         """
         own = {n: i for i, n in enumerate(w.nodes)}
-        ideal = ideal_makespan(w.nodes, own, w.preds, w.time, self.model.profile, self.cpu_launch)
+        return self._bound(w, own, new_streams=0 if set(self.a.streams) - {AMBIENT} else 1)
+
+    def _bound(self, w, streams: Mapping[Node, int], new_streams: int) -> float:
+        """The larger of ``w``'s work on ``streams`` with dependencies met for free and, with
+        ``cpu_launch``, the CPU's time on the graph as it is plus a record and a wait per new stream."""
+        profile = self.model.profile
+        ideal = ideal_makespan(w.nodes, streams, w.preds, w.time, profile, self.cpu_launch)
         if not self.cpu_launch:
             return ideal
-        new = 0 if set(self.a.streams) - {AMBIENT} else 1
-        return max(ideal, self._cpu() + 2 * new * self.model.profile.sync_cost)
-
-    def _cpu(self) -> float:
-        """What the simulator's CPU spends on the graph as it is (its launches and syncs)."""
-        if self.cpu_floor is None:
-            items = build_items(graph_steps(self.a), self.times, self.model.profile, True, serial=False)
+        if self.cpu_floor is None:  # what the simulator's CPU spends on the graph as it is
+            items = build_items(graph_steps(self.a), self.times, profile, True, serial=False)
             self.cpu_floor = sum(it.cpu for it in items)
-        return self.cpu_floor
+        return max(ideal, self.cpu_floor + 2 * new_streams * profile.sync_cost)
 
     def __call__(self, streams: Mapping[Node, int]) -> Priced:
         a = restreamed(self.a, streams) if streams else self.a
