@@ -230,15 +230,18 @@ def _takes_no_arguments(fn) -> bool:
 
 def load_target(
     target: str, shapes: str | None = None, dtype: str = "float32", device: str = "cpu"
-) -> torch.fx.GraphModule:
-    """A graph to inspect: a ``torch.export`` program file (``.pt2``), or ``module:function``
-    (or ``module:ModuleClass``, built with no arguments) traced with make_fx on random inputs
-    of ``shapes`` (``"8x16,16x4"``). Raises :class:`UsageError` for what the user can fix."""
+) -> tuple[torch.fx.GraphModule, str | None]:
+    """``(graph, note)``: the graph to inspect, from a ``torch.export`` program file (``.pt2``)
+    or ``module:function`` (or ``module:ModuleClass``, built with no arguments) called on random
+    inputs of ``shapes`` (``"8x16,16x4"``). A function is captured as ``torch.compile`` sees it
+    (:func:`streampass.dynamo_capture.capture`: its ``torch.Stream`` blocks and syncs included);
+    where dynamo cannot capture it as one graph, it is traced with make_fx and ``note`` says why.
+    Raises :class:`UsageError` for what the user can fix."""
     if target.endswith(".pt2") or os.path.isfile(target):
         if not os.path.isfile(target):
             raise UsageError(f"no such file: {target}")
         # the flat ATen graph, parameters as inputs, with the custom.stream annotations
-        return torch.export.load(target).graph_module
+        return torch.export.load(target).graph_module, None
     mod_name, sep, attr = target.partition(":")
     if not sep or not mod_name or not attr:
         raise UsageError(f"TARGET must be a .pt2 file or module:function, got {target!r}")
@@ -247,8 +250,14 @@ def load_target(
     fn = _import_target(target)
     if isinstance(fn, torch.nn.Module):
         fn = fn.to(device=device)
+    from streampass.dynamo_capture import capture
+
     try:
-        return make_fx(fn)(*inputs)
+        return capture(fn, *inputs), None
+    except StreamPassError as e:
+        note = f"({e}; traced with make_fx instead, which does not see torch.Stream blocks or Event syncs)"
+    try:
+        return make_fx(fn)(*inputs), note
     except (TypeError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(
@@ -259,17 +268,14 @@ def load_target(
 
 def inspect(args: argparse.Namespace) -> int:
     """``streampass inspect TARGET``: the demo's report for a user's program (see load_target)."""
-    gm = load_target(args.target, args.shapes, args.dtype)
+    gm, note = load_target(args.target, args.shapes, args.dtype)
     original = _copy(gm)
     dag = StreamDAG.from_graph(gm)
     lines = [f"== streampass inspect {args.target} =="] + describe(dag)
+    if note:
+        lines.append(f"  {note}")
     if dag.streams == [0]:
         lines.append("  (only the ambient stream: no node carries a stream annotation or runs in a fork/join region)")
-        if not args.target.endswith(".pt2"):
-            lines.append(
-                "  (make_fx traces module:function and does not record `with torch.Stream(...)` or"
-                " torch.cuda.stream blocks: mark them with streampass.stream(k))"
-            )
     hazards = dag.hazards()
     kinds = Counter(h.kind for h in hazards)
     lines.append(
@@ -304,11 +310,12 @@ def assign(args: argparse.Namespace) -> int:
 
     if args.cost not in PROFILES:
         raise UsageError(f"--cost: no device profile {args.cost!r}; known: {', '.join(sorted(PROFILES))}")
-    gm = load_target(args.target, args.shapes, args.dtype, device="meta" if args.meta else "cpu")
+    gm, note = load_target(args.target, args.shapes, args.dtype, device="meta" if args.meta else "cpu")
     original = _copy(gm)
     choice = assign_streams(gm, args.cost, max_streams=args.max_streams, keep_fusions=args.keep_fusions)
     fused = ", inductor's fusions kept" if args.keep_fusions else ""
-    lines = [f"== streampass assign {args.target} ({args.cost}{fused}) ==", *choice.explain().splitlines()]
+    lines = [f"== streampass assign {args.target} ({args.cost}{fused}) =="] + ([f"  {note}"] if note else [])
+    lines += choice.explain().splitlines()
     choice.apply(gm)
     result = run(gm)
     lines += [

@@ -81,6 +81,21 @@ def user_folder(tmp_path):
         def make_nothing():
             return 3
 
+        side, other = torch.Stream("cpu"), torch.Stream("cpu")
+
+        def torch_streams(x, w):
+            # plain torch streams, no streampass in the program
+            with side:
+                y = x @ w
+            with other:
+                z = x.relu()
+            return y + z
+
+        def breaks(x, w):
+            y = x @ w
+            torch._dynamo.graph_break()
+            return y.relu()
+
         def matmul_and_chain(x, w, y):
             a, b = x @ w, y
             for _ in range(8):
@@ -101,6 +116,27 @@ def test_inspect_builds_a_module_class(user_folder):
     out = _run("inspect", "mymod:Block", "--shapes", "2x4", "--html", "", cwd=user_folder)
     assert out.returncode == 0, out.stderr
     assert "stream 1:" in out.stdout and "hazards after the pass: 0" in out.stdout
+
+
+def test_inspect_sees_torch_stream_blocks(user_folder):
+    out = _run("inspect", "mymod:torch_streams", "--shapes", "8x4,4x4", "--html", "", cwd=user_folder)
+    assert out.returncode == 0, out.stderr
+    assert "streams: [0, 1, 2]" in out.stdout and "hazards after the pass: 0" in out.stdout, out.stdout
+    assert "make_fx" not in out.stdout
+
+
+def test_assign_keeps_torch_stream_blocks_as_the_user_wrote_them(user_folder):
+    out = _run("assign", "mymod:torch_streams", "--shapes", "8x4,4x4", "--html", "", cwd=user_folder)
+    assert out.returncode == 0, out.stderr
+    assert "fixed by user annotation (stream 1): mm" in out.stdout, out.stdout
+    assert "fixed by user annotation (stream 2): relu" in out.stdout, out.stdout
+
+
+def test_inspect_says_why_when_dynamo_cannot_capture_one_graph(user_folder):
+    out = _run("inspect", "mymod:breaks", "--shapes", "8x4,4x4", "--html", "", cwd=user_folder)
+    assert out.returncode == 0, out.stderr
+    assert "torch.compile could not capture it as one graph" in out.stdout, out.stdout
+    assert "traced with make_fx instead" in out.stdout
 
 
 ERRORS = {

@@ -157,6 +157,37 @@ def test_upstream_program(p: Program, assign):
     assert ran >= sum(planned_syncs(gm) for gm in kept)
     kinds = [r.graph for r in passes.reports]
     assert kinds.count("forward") == kinds.count("backward")  # each backward after the block too
+    if assign is None and p.fullgraph:
+        _captured_as_the_pass_saw_it(p, [r for r in passes.reports if r.graph != "backward"])
+
+
+def _captured_as_the_pass_saw_it(p: Program, forward: list) -> None:
+    """``streampass.dynamo_capture.capture`` (what ``streampass inspect/assign`` read) gives the
+    streams the pass read in the forward graph it compiled, and its graph, after ``run``,
+    verifies clean and computes what eager does."""
+    from streampass.dynamo_capture import capture
+    from streampass.runtime import execute
+
+    _, fn = _target(p)
+    gm = capture(fn, *_inputs(p))
+    a = sp.read_streams(gm)
+    if forward:
+        assert [a.streams] == [r.streams for r in forward]
+    else:  # inductor had nothing to compile (the program computes nothing): neither has the capture
+        assert a.streams == [0] and not any(a.is_compute(n) for n in a.nodes)
+        return  # its outputs are the inputs, which AOT autograd returns outside the graph
+    assert sp.run(gm).ok and sp.verify(gm).ok
+    if ON_CPU and any(n.target is torch.ops.streams.record_stream.default for n in gm.graph.nodes):
+        return  # eager torch has no record_stream for a CPU tensor (the program's stand-in skips it)
+    _, eager_fn = _target(p)
+    with torch.no_grad():
+        want = _tensors(eager_fn(*_inputs(p)))
+    leaves = [t for t in pytree.tree_leaves(_inputs(p)) if isinstance(t, torch.Tensor)]
+    placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    assert placeholders in (0, len(leaves))  # dynamo drops inputs the graph does not read
+    got = _tensors(execute(gm, *leaves[:placeholders]))
+    # AOT autograd returns the inputs it updated in place first, then the function's outputs
+    torch.testing.assert_close(got[len(got) - len(want) :], want)
 
 
 def _upstream_expectation_holds(p: Program) -> bool:

@@ -180,8 +180,10 @@ class StreamDAG:
         last_on: dict[int, torch.fx.Node] = {}
         last_record: dict[int, torch.fx.Node] = {}
         for n in a.nodes:
+            body = n.args[1] if n.target is ops.CONTROL_DEPS else None  # a module, not data
             for inp in n.all_input_nodes:
-                edge(inp, n, "data")
+                if inp is not body:
+                    edge(inp, n, "data")
             s = a.stream[n]
             if s in last_on:
                 edge(last_on[s], n, "order")
