@@ -16,7 +16,7 @@ from collections import Counter
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from streampass import annotate
+from streampass import annotate, ops
 from streampass.analysis.dag import StreamDAG
 from streampass.errors import StreamPassError
 from streampass.runtime import run_serial
@@ -241,7 +241,8 @@ def load_target(
         if not os.path.isfile(target):
             raise UsageError(f"no such file: {target}")
         # the flat ATen graph, parameters as inputs, with the custom.stream annotations
-        return torch.export.load(target).graph_module, None
+        gm = torch.export.load(target).graph_module
+        return gm, _exported_note(gm)
     mod_name, sep, attr = target.partition(":")
     if not sep or not mod_name or not attr:
         raise UsageError(f"TARGET must be a .pt2 file or module:function, got {target!r}")
@@ -264,6 +265,27 @@ def load_target(
             f"tracing {target} on {len(inputs)} random input(s) failed: {first}; "
             f"give --shapes one shape per tensor argument"
         ) from e
+
+
+def _exported_note(gm: torch.fx.GraphModule) -> str | None:
+    """What an exported graph cannot say about its streams. On CPU, dynamo (strict export)
+    numbers the first ``torch.Stream`` a program uses 0, the ambient stream's index, and the file
+    keeps no object table to tell them apart; non-strict export (torch's default) records no
+    ``torch.Stream`` block at all. ``sp.stream`` blocks survive both."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    annotated = {(n.meta.get("custom") or {}).get("stream") for n in calls} - {None}
+    if any(ops.as_sync_call(n) is not None for n in calls):
+        annotated.add("sync")
+    if not annotated:
+        return "(torch.export records torch.Stream blocks only with strict=True; sp.stream blocks in either mode)"
+    devices = {v.device.type for n in gm.graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor)}
+    if 0 in annotated and devices <= {"cpu"}:
+        return (
+            "(nodes annotated stream 0 are read as the ambient stream; if the program ran them on a "
+            "torch.Stream, this file cannot say so: torch.export on CPU numbers the first torch.Stream 0. "
+            "`streampass inspect module:function` reads dynamo's object table and tells them apart)"
+        )
+    return None
 
 
 def inspect(args: argparse.Namespace) -> int:

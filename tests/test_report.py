@@ -126,6 +126,49 @@ def test_inspect_exported_program(tmp_path, capsys, strict):
     assert "What the pass changed" in path.read_text()
 
 
+class _TorchStreams(torch.nn.Module):
+    def forward(self, x):
+        s1, s2 = torch.Stream("cpu"), torch.Stream("cpu")
+        with s1:
+            a = x.cos()
+        with s2:
+            b = x.sin()
+        return a + b
+
+
+@pytest.mark.parametrize(
+    "strict, says",
+    [
+        # dynamo numbers the first torch.Stream 0 on CPU, and the file keeps no object table
+        (True, "if the program ran them on a torch.Stream, this file cannot say so"),
+        # non-strict export runs torch.Stream as Python: nothing of it reaches the graph
+        (False, "torch.export records torch.Stream blocks only with strict=True"),
+    ],
+    ids=["strict", "non-strict"],
+)
+def test_inspect_says_what_an_exported_file_cannot_tell(tmp_path, capsys, strict, says):
+    ep = torch.export.export(_TorchStreams(), (torch.randn(2, 8),), strict=strict)
+    pt2 = tmp_path / "streams.pt2"
+    torch.export.save(ep, str(pt2))
+    assert cli.main(["inspect", str(pt2), "--html", ""]) == 0
+    out = capsys.readouterr().out
+    assert says in out, out
+
+
+def test_inspect_of_an_exported_sp_stream_program_adds_no_caveat(tmp_path, capsys):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            with sp.stream(1):
+                y = x.cos()
+            return y + x
+
+    pt2 = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(M(), (torch.randn(2, 8),), strict=True), str(pt2))
+    assert cli.main(["inspect", str(pt2), "--html", ""]) == 0
+    out = capsys.readouterr().out
+    assert "stream 1:" in out and "torch.export" not in out, out
+
+
 def test_inspect_rejects_bad_target(capsys):
     assert cli.main(["inspect", "no_colon_here"]) == 2
     assert "module:function" in capsys.readouterr().err
