@@ -158,6 +158,26 @@ def test_big_independent_matmuls_get_several_streams_and_tiny_ones_one():
     assert tiny.waits == 0 and tiny.makespan == tiny.single_stream
 
 
+def test_symbolic_shapes_are_priced_by_hint_without_a_guard():
+    """A dynamic-shape graph (what ``torch.compile(dynamic=True)`` hands inductor): assigning,
+    the run after it and the memory estimate read sizes by their hints. A guard on a size
+    would make torch recompile for every batch size."""
+
+    def f(x, *ws):
+        return sum((x @ w).relu() for w in ws)
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(512, 2048), *[torch.randn(2048, 2048) for _ in range(4)])
+    val = next(n for n in gm.graph.nodes if n.op == "placeholder").meta["val"]
+    shape_env = val.shape[0].node.shape_env
+    before = len(shape_env.guards)
+    choice = sp.assign_streams(gm, CostModel("h100", overrides=_aten_100us))
+    assert len(choice.used) > 1 and choice.peak_bytes > 0
+    choice.apply(gm)
+    assert sp.run(gm).ok
+    peak_bytes(gm, sp.simulate(gm))
+    assert len(shape_env.guards) == before, shape_env.guards[before:]
+
+
 def test_max_streams_one_is_one_stream():
     choice = sp.assign_streams(_branches(4, 4096), "h100", max_streams=1)
     assert choice.used == [0] and choice.waits == 0

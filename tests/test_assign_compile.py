@@ -3,6 +3,8 @@ the block), torch's caches on in a fresh directory (``fresh_caches``), cold and 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from test_compile_use import _job
@@ -74,6 +76,38 @@ def test_auto_streams_compile_equal_eager_and_are_verified(training):
         for group in fusion_groups(a):
             assert len({a.stream[n] for n in group}) == 1, [(n.name, a.stream[n]) for n in group]
     assert ran > 0  # the planned syncs ran (CPU: as counted no-ops)
+
+
+def test_auto_with_dynamic_shapes_prices_symbolic_graphs_once_for_every_size():
+    """``dynamic=True`` (and torch's automatic dynamic after a second size): the graphs inductor
+    gets have symbolic batch sizes, which the cost model prices by their hints; one compile of
+    forward and backward then serves every batch size, each equal to eager."""
+    torch.manual_seed(0)
+    model = Towers()
+    p = spi.StreamPass(keep_graphs=True, assign="auto", assign_cost=BIG)
+    step = torch.compile(model, dynamic=True)
+    for i, n in enumerate([8, 5, 13]):
+        x = torch.randn(n, 32)
+        want = model(x)
+        want.sum().backward()
+        want_grads = [q.grad.clone() for q in model.parameters()]
+        model.zero_grad()
+        with spi.enabled(p) if i == 0 else contextlib.nullcontext():
+            got = step(x)
+        got.sum().backward()
+        torch.testing.assert_close(got, want)
+        for q, w in zip(model.parameters(), want_grads):
+            torch.testing.assert_close(q.grad, w)
+        model.zero_grad()
+    assert [r.graph for r in p.reports] == ["forward", "backward"]
+    for r in p.reports:
+        symbolic = [
+            n
+            for n in r.verified_graph.graph.nodes
+            if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.SymInt)
+        ]
+        assert symbolic, f"{r.graph}: no symbolic size, so this did not test dynamic shapes"
+        assert r.assigned["side_streams"] >= 1 and sp.verify(r.verified_graph).ok, r.line()
 
 
 def test_auto_keeps_the_programs_own_streams():

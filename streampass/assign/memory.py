@@ -15,7 +15,6 @@ that Python frees a buffer when its last kernel read is *issued*, not when it co
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -25,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 from streampass import ops
 from streampass.analysis.reading import StreamAssignment, read_streams
 from streampass.sim.schedule import Schedule
+from streampass.sim.tensors import numel
 
 
 def value_bytes(node: torch.fx.Node) -> int:
@@ -38,9 +38,10 @@ def value_bytes(node: torch.fx.Node) -> int:
     val = node.meta.get("val")
     total = 0
     for t in (val,) if isinstance(val, torch.Tensor) else tree_flatten(val)[0]:
-        if isinstance(t, torch.Tensor):
-            with contextlib.suppress(Exception):  # a size without a hint
-                total += int(t.numel()) * t.element_size()
+        # by hint: int() of a symbolic numel would guard on it and recompile for every size
+        count = numel(t)
+        if count is not None:
+            total += count * t.element_size()
     return total
 
 
