@@ -47,7 +47,16 @@ def meta(*shape):
     return torch.empty(*shape, device="meta", dtype=BF16)
 
 
-def inception(batch: int = 32):
+def tensor(*shape, device="meta", dtype=BF16):
+    """A random tensor (an empty one on the meta device, which make_fx traces for its shapes)."""
+    if device == "meta":
+        return torch.empty(*shape, device=device, dtype=dtype)
+    return torch.randn(*shape, device=device, dtype=dtype) / max(shape[-1], 1) ** 0.5
+
+
+# Each program is ``(function, arguments)``: traced with make_fx on meta tensors for the simulator
+# (GRAPHS below), and compiled and timed on a GPU by benchmarks/gpu_assign.py.
+def inception(batch: int = 32, device="meta", c: int = 256, hw: int = 28):
     def conv(x, w, pad=0):
         return F.relu(F.conv2d(x, w, padding=pad))
 
@@ -58,12 +67,11 @@ def inception(batch: int = 32):
         bp = conv(F.max_pool2d(x, 3, 1, 1), wp)
         return torch.cat([b1, b3, b5, bp], 1)
 
-    c = 256
-    ws = [meta(64, c, 1, 1), meta(96, c, 1, 1), meta(128, 96, 3, 3), meta(16, c, 1, 1), meta(32, 16, 5, 5)]
-    return make_fx(f)(meta(batch, c, 28, 28), *ws, meta(32, c, 1, 1))
+    shapes = [(64, c, 1, 1), (96, c, 1, 1), (128, 96, 3, 3), (16, c, 1, 1), (32, 16, 5, 5), (32, c, 1, 1)]
+    return f, [tensor(batch, c, hw, hw, device=device), *[tensor(*s, device=device) for s in shapes]]
 
 
-def moe(experts: int = 8, tokens: int = 8192, d: int = 1024, hidden: int = 4096):
+def moe(experts: int = 8, tokens: int = 8192, d: int = 1024, hidden: int = 4096, device="meta"):
     def f(x, router, *ws):
         probs = torch.softmax(x @ router, -1)  # [tokens, experts]
         chunks = x.view(experts, tokens // experts, d)  # tokens already dispatched, fixed capacity
@@ -73,11 +81,11 @@ def moe(experts: int = 8, tokens: int = 8192, d: int = 1024, hidden: int = 4096)
             outs.append(h * probs.view(experts, tokens // experts, experts)[i, :, i : i + 1])
         return torch.stack(outs).view(tokens, d)
 
-    ws = [w for _ in range(experts) for w in (meta(d, hidden), meta(hidden, d))]
-    return make_fx(f)(meta(tokens, d), meta(d, experts), *ws)
+    ws = [tensor(*s, device=device) for _ in range(experts) for s in ((d, hidden), (hidden, d))]
+    return f, [tensor(tokens, d, device=device), tensor(d, experts, device=device), *ws]
 
 
-def towers(n: int = 4, batch: int = 4096, dim: int = 128, rows: int = 100_000):
+def towers(n: int = 4, batch: int = 4096, dim: int = 128, rows: int = 100_000, device="meta"):
     def f(*args):
         ids, tables, mlps, head = args[:n], args[n : 2 * n], args[2 * n : 4 * n], args[-1]
         feats = []
@@ -86,21 +94,41 @@ def towers(n: int = 4, batch: int = 4096, dim: int = 128, rows: int = 100_000):
             feats.append(F.relu(F.relu(e @ mlps[2 * i]) @ mlps[2 * i + 1]))
         return torch.cat(feats, 1) @ head
 
-    ids = [torch.empty(batch, 20, dtype=torch.long, device="meta") for _ in range(n)]
-    tables = [meta(rows, dim) for _ in range(n)]
-    mlps = [w for _ in range(n) for w in (meta(dim, 1024), meta(1024, 256))]
-    return make_fx(f)(*ids, *tables, *mlps, meta(256 * n, 1))
+    if device == "meta":
+        ids = [torch.empty(batch, 20, dtype=torch.long, device=device) for _ in range(n)]
+    else:
+        ids = [torch.randint(0, rows, (batch, 20), device=device) for _ in range(n)]
+    tables = [tensor(rows, dim, device=device) for _ in range(n)]
+    mlps = [tensor(*s, device=device) for _ in range(n) for s in ((dim, 1024), (1024, 256))]
+    return f, [*ids, *tables, *mlps, tensor(256 * n, 1, device=device)]
 
 
-def mlp_backward(layers: int = 4, batch: int = 8192, d: int = 2048):
+def mlp(layers: int = 4, batch: int = 8192, d: int = 2048, device="meta"):
+    """The loss of an MLP stack; its backward (weight and input gradients independent) is the graph."""
+
     def f(x, *ws):
         h = x
         for w in ws:
             h = F.gelu(h @ w)
-        return torch.autograd.grad(h.sum(), [x, *ws])
+        return h.sum()
 
-    ws = [meta(d, d).requires_grad_() for _ in range(layers)]
-    return make_fx(f)(meta(batch, d).requires_grad_(), *ws)
+    ws = [tensor(d, d, device=device).requires_grad_() for _ in range(layers)]
+    return f, [tensor(batch, d, device=device).requires_grad_(), *ws]
+
+
+def mlp_backward(layers: int = 4, batch: int = 8192, d: int = 2048):
+    f, args = mlp(layers, batch, d)
+    return make_fx(lambda *a: torch.autograd.grad(f(*a), list(a)))(*args)
+
+
+def traced(program):
+    """A GRAPHS entry: ``program``'s function traced with make_fx on meta tensors."""
+
+    def build():
+        f, args = program()
+        return make_fx(f)(*args)
+
+    return build
 
 
 def transformer():
@@ -135,10 +163,10 @@ def transformer_stack(layers: int):
 
 
 GRAPHS = {
-    "inception (4 branches)": inception,
-    "inception, batch 256": lambda: inception(256),
-    "MoE (8 experts)": moe,
-    "embedding towers (4)": towers,
+    "inception (4 branches)": traced(inception),
+    "inception, batch 256": traced(lambda: inception(256)),
+    "MoE (8 experts)": traced(moe),
+    "embedding towers (4)": traced(towers),
     "MLP backward (4 layers)": mlp_backward,
     "transformer block": transformer,
     "ResNet bottleneck fw+bw": resnet_fw_bw,
@@ -258,7 +286,7 @@ def pictures(folder: Path, model: CostModel, max_streams: int) -> None:
     """docs/img/assign_moe_*.svg: the MoE layer's simulated schedule on one stream and as chosen."""
     from streampass.view.schedule import schedule_svg
 
-    gm = moe()
+    gm = traced(moe)()
     choice = sp.assign_streams(gm, model, max_streams=max_streams)
     one = next(e for e in choice.candidates if e.name == "one stream")
     folder.mkdir(parents=True, exist_ok=True)

@@ -79,3 +79,24 @@ def test_compile_reads_counts_one_reading_per_graph(tmp_path, capsys):
     assert [r["reads"] for r in rows] == [1, 1]
     assert all(r["streampass_s"] > 0 and r["torch_s"] > 0 and r["waits_added"] > 0 for r in rows)
     assert "| forward |" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("fresh_caches")
+def test_gpu_assign_dry_run_compiles_both_ways_and_reads_the_prediction(tmp_path):
+    """benchmarks/gpu_assign.py, the issue-15 wall-time script a lent GPU runs, on CPU with tiny
+    sizes (every aten kernel priced 100 us, so that side streams pay): both compiles of each
+    program agree, the assignment placed side streams, and the simulator's prediction is read from
+    the forward and the backward the pass saw. Timings are not checked."""
+    import json
+
+    import gpu_assign
+
+    out = tmp_path / "gpu_assign.json"
+    only = ["MoE (4 experts)", "MLP (2 layers), training step"]
+    assert gpu_assign.main(["--cpu-dry-run", "--only", *only, "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["programs"]
+    assert [r["program"] for r in rows] == only
+    assert [r["graphs"] for r in rows] == [["inference"], ["forward", "backward"]]
+    for r in rows:
+        assert r["results_match"] and r["side_streams"] >= 1, r
+        assert r["predicted_speedup"] > 1 and r["one_stream_s"] > 0 and r["auto_s"] > 0, r
