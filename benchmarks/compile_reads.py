@@ -110,7 +110,8 @@ class Measured(spi.StreamPass):
     """StreamPass that times each call of a whole graph and counts its readings."""
 
     def __init__(self, assign: str | None = None):
-        super().__init__(assign=assign)
+        # priced for an H100: with the default cost a CPU graph keeps one stream, and this measures the search
+        super().__init__(assign=assign, assign_cost="h100" if assign else None)
         self.rows: list[dict] = []
 
     def __call__(self, graph, is_inference=None):

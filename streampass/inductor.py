@@ -44,7 +44,7 @@ import torch.fx
 
 from streampass import compat, compile_hook, ops, values
 from streampass.analysis.reading import read_streams
-from streampass.assign.in_compile import cost_key, summary
+from streampass.assign.in_compile import assign_in_place, cost_key, device_cost, serial_summary, summary
 from streampass.compat import PassBase, PassChain, aot_guard_off, aot_guard_on, cpu_safe_aot, post_grad_config
 from streampass.errors import StreamPassError
 from streampass.graph_report import GraphReport, nonzero
@@ -96,8 +96,10 @@ class StreamPass(PassBase):
             :func:`streampass.assign_streams` before planning (the user's own streams and
             syncs stay as they are); None (default): only the program's streams.
         assign_cost: the cost model ``assign`` prices candidates with (a profile name, a
-            ``DeviceProfile`` or a ``CostModel``); ``max_streams``: at most this many streams
-            for the nodes it places, the ambient one included.
+            ``DeviceProfile`` or a ``CostModel``); None (default): the device's own, and on a
+            CPU none, so that its graphs stay on one stream (CPU streams run one after another:
+            :func:`streampass.assign.in_compile.device_cost`). ``max_streams``: at most this
+            many streams for the nodes it places, the ambient one included.
 
     Usage: ``with streampass.inductor.enabled(): torch.compile(fn)(x)`` (see docs/inductor.md).
 
@@ -108,7 +110,7 @@ class StreamPass(PassBase):
     (True, True, True)
     """
 
-    def __init__(self, keep_graphs: bool = False, assign: str | None = None, assign_cost="h100", max_streams: int = 4):
+    def __init__(self, keep_graphs: bool = False, assign: str | None = None, assign_cost=None, max_streams: int = 4):
         if assign not in (None, "auto"):
             raise StreamPassError(f'StreamPass(assign=...) takes "auto" or None, not {assign!r}')
         self.keep_graphs = keep_graphs
@@ -143,10 +145,12 @@ class StreamPass(PassBase):
 
     def _rewrite(self, gm, kind: str, device: torch.device, offset: int, indices: str) -> GraphReport:
         dynamo_indices.shift_indices(gm, offset)
-        choice = self._assign(gm) if self.assign is not None else None
+        cost = device_cost(self.assign_cost, device) if self.assign is not None else None
+        choice = assign_in_place(gm, cost, self.max_streams) if cost is not None else None
         # One reading, before the pass: run reuses it, and its region check hands the lowering
         # the edit's kept reading of the result (docs/benchmarks.md, "One reading per compile").
         a = read_streams(gm)
+        assigned = summary(choice) if cost is not None or self.assign is None else serial_summary(len(a.streams) - 1)
         cross = sum(1 for n in a.nodes for i in n.all_input_nodes if a.stream[i] != a.stream[n])
         if a.streams == [AMBIENT] and not a.syncs:
             # Nothing to plan. On CPU an explicit ``custom.stream = 0`` must still not reach
@@ -154,7 +158,7 @@ class StreamPass(PassBase):
             lowered = not _gpu(device) and lower_for_cpu(gm, a)
             return GraphReport(
                 kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",
-                indices=indices, assigned=summary(choice),
+                indices=indices, assigned=assigned,
             )  # fmt: skip
         result = run(gm, bind_runtime=False, recompile=False, assignment=a)  # the lowering recompiles
         kept = _copy(gm) if self.keep_graphs else None
@@ -167,13 +171,8 @@ class StreamPass(PassBase):
         return GraphReport(
             kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
             nonzero(result.before.by_kind()), nonzero(result.after.by_kind()), result.changed or offset != 0,
-            lowering, result, kept, indices, summary(choice),
+            lowering, result, kept, indices, assigned,
         )  # fmt: skip
-
-    def _assign(self, gm: torch.fx.GraphModule):
-        from streampass.assign.in_compile import assign_in_place
-
-        return assign_in_place(gm, self.assign_cost, self.max_streams)
 
     def __deepcopy__(self, memo: dict) -> StreamPass:
         # torch deep-copies inductor's config (which holds the pass) on every torch.compile

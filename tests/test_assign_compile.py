@@ -137,11 +137,34 @@ def test_auto_keeps_the_programs_own_streams():
 def test_auto_leaves_small_kernels_on_one_stream():
     """With the real H100 costs, 8x8 matmuls do not pay for a sync: nothing moves."""
     model, x = Towers(width=8), torch.randn(4, 8)
-    p = spi.StreamPass(keep_graphs=True, assign="auto")
+    p = spi.StreamPass(keep_graphs=True, assign="auto", assign_cost="h100")
     got, _ = _compile(model, x, p, training=False)
     torch.testing.assert_close(got, model(x))
     (r,) = p.reports
     assert r.assigned["side_streams"] == r.assigned["new_streams"] == 0 and r.streams == [0] and r.waits_added == 0
+
+
+def test_auto_keeps_a_cpu_graph_on_one_stream_unless_given_a_gpu_cost_model():
+    """CPU streams run one after another: a side stream overlaps nothing there, and its syncs
+    are fusion barriers. So with the default cost (the device's own) a CPU graph stays on one
+    stream, and the report says why, even where an H100 would gain (priced that way on request)."""
+    torch.manual_seed(0)
+    model, x = Towers(width=1024), torch.randn(1024, 1024)  # an H100 halves its time on 3 streams
+    with torch.no_grad():
+        want = model(x)
+    for cost, side in ((None, 0), ("h100", 1)):
+        torch._dynamo.reset()
+        p = spi.StreamPass(keep_graphs=True, assign="auto", assign_cost=cost)
+        with torch.no_grad():
+            got, _ = _compile(model, x, p, training=False)
+        torch.testing.assert_close(got, want)
+        (r,) = p.reports
+        assert (r.assigned["new_streams"] >= 1) == bool(side), (cost, r.line())
+        if cost is None:
+            assert r.streams == [0] and r.waits_added == 0
+            assert "assign=auto kept one stream: on CPU, streams run one after another" in r.line()
+        else:
+            assert r.assigned["predicted_us"] < r.assigned["one_stream_us"], r.line()
 
 
 def test_the_options_are_in_the_cache_key():

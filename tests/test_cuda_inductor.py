@@ -130,7 +130,7 @@ def test_auto_assigned_streams_run_on_cuda_and_equal_eager(training):
         want.sum().backward()
         want_grads = [q.grad.clone() for q in model.parameters()]
         model.zero_grad()
-    p = spi.StreamPass(keep_graphs=True, assign="auto")  # the real H100 costs: these matmuls pay
+    p = spi.StreamPass(keep_graphs=True, assign="auto")  # the device's own costs: these matmuls pay
     with spi.enabled(p), torch.set_grad_enabled(training):
         cfn = torch.compile(model)
         got = cfn(x)

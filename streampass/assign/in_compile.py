@@ -3,6 +3,7 @@ stream indices it may create, the cost model in the cache key, and the report's 
 
 from __future__ import annotations
 
+import torch
 import torch.fx
 
 from streampass.assign.choose import StreamChoice, assign_streams
@@ -33,8 +34,45 @@ def cost_key(cost) -> str:
     return f"{cost.profile!r}/{named}"
 
 
+#: why ``assign="auto"`` with the default cost keeps a CPU graph's free nodes on one stream
+CPU_SERIAL = "on CPU, streams run one after another"
+
+
+def device_cost(cost, device: torch.device):
+    """The cost model ``assign="auto"`` prices a graph on ``device`` with. ``cost`` as given (a
+    profile name, a ``DeviceProfile`` or a ``CostModel``: also on CPU, to preview what a GPU
+    would get); None, the default: the device's own, on CUDA the profile of its name (h200,
+    h100, a100; h100 for others), and on a CPU none at all (returns None). CPU streams run one
+    after another, so a side stream cannot overlap anything there, and its syncs are fusion
+    barriers in inductor's CPU code: one stream is always the fastest.
+
+    >>> device_cost(None, torch.device("cpu")) is None, device_cost("a100", torch.device("cpu"))
+    (True, 'a100')
+    """
+    if cost is not None:
+        return cost
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((p for p in ("h200", "h100", "a100") if p.upper() in name.upper()), "h100")
+
+
+def serial_summary(own_side_streams: int) -> dict:
+    """The report's summary when :func:`device_cost` chose no cost model: one stream, and why."""
+    return {
+        "candidate": "one stream",
+        "side_streams": own_side_streams,
+        "new_streams": 0,
+        "predicted_us": None,
+        "one_stream_us": None,
+        "why": CPU_SERIAL,
+    }
+
+
 def note(a: dict) -> str:
     own = a["side_streams"] - a["new_streams"]
+    if a.get("why"):
+        return f"; assign=auto kept one stream: {a['why']} (give assign_cost to price for a GPU)"
     return (
         f"; assign=auto chose {a['candidate']!r}: {a['new_streams']} new side stream(s)"
         + (f" next to the program's {own}" if own else "")
