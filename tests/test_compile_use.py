@@ -555,6 +555,10 @@ def test_user_syncs_inside_a_checkpointed_block_fail_in_torch_not_in_streampass(
         torch_says = None
     except torch._dynamo.exc.BackendCompilerFailed as e:
         torch_says = str(e).splitlines()[1]
+    except RuntimeError as e:  # torch 2.11 partitions it; its eager CPU events then cannot run
+        if "doesn't support events" not in str(e):
+            raise
+        torch_says = None
     torch._dynamo.reset()
     # the reference's serial run cannot skip syncs inside checkpoint's subgraph: the same math, unsynced
     same = _checkpointed(_torch_stream_block)
