@@ -12,7 +12,7 @@ step, both with their hand annotations off. Each is compiled twice in a fresh dy
 
 * ``one stream``: plain ``torch.compile`` (what a user has without streampass);
 * ``auto``: ``torch.compile`` under ``streampass.inductor.enabled(StreamPass(assign="auto"))``,
-  priced with the device's profile (h200 or h100).
+  with the default cost, the device's own profile (h200, h100 or a100 by its name), as users get it.
 
 For each: the outputs (and gradients) of both against each other, the median wall time per
 call over ``--iters`` after warm-up (CUDA-synchronised), the measured speedup, and the
@@ -27,14 +27,17 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "gpu_assign.json"
 sys.path.insert(0, str(HERE))
 import assign as programs  # noqa: E402  (benchmarks/assign.py: the simulator's programs)
 import bench_models  # noqa: E402
@@ -117,7 +120,8 @@ def _step(compiled, fn, args, training: bool) -> list[torch.Tensor]:
     return [out.detach(), *(t.grad for t in leaves)]
 
 
-def measure(name: str, make, iters: int, device: str, profile: str) -> dict:
+def measure(name: str, make, iters: int, device: str, cost=None) -> dict:
+    """``cost``: ``assign_cost``; None, the default, is the device's own (what users get)."""
     import streampass.inductor as spi
 
     fn, args, training = make()
@@ -127,9 +131,11 @@ def measure(name: str, make, iters: int, device: str, profile: str) -> dict:
         torch._dynamo.reset()
         compiled = torch.compile(fn)
         if mode == "auto":
-            p = spi.StreamPass(assign="auto", assign_cost=profile)
+            p = spi.StreamPass(assign="auto", assign_cost=cost)
             with spi.enabled(p):
                 results[mode] = _step(compiled, fn, args, training)  # compiles forward (and backward)
+            if not p.reports:
+                raise RuntimeError("StreamPass saw no graph: a warm compile cache? (main() uses a fresh one)")
             assigned = [r.assigned for r in p.reports if r.assigned]
             row["graphs"] = [r.graph for r in p.reports]
             row["side_streams"] = max((a["side_streams"] for a in assigned), default=0)
@@ -154,11 +160,13 @@ def measure(name: str, make, iters: int, device: str, profile: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "gpu_assign.json")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--only", nargs="+", metavar="PROGRAM", help="the programs to run (names as printed)")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on CPU, to exercise the script")
     args = ap.parse_args(argv)
+    from streampass.assign.in_compile import device_cost
+
     if args.cpu_dry_run:
         device, iters = "cpu", 1
         # every aten kernel 100 us, so that side streams pay on tiny sizes and the dry run goes
@@ -174,15 +182,31 @@ def main(argv=None) -> int:
         print("gpu_assign: no CUDA device here; nothing measured (--cpu-dry-run exercises the script)", file=sys.stderr)
         return 2
     else:
-        device, iters = "cuda", args.iters
-        profile = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
+        device, iters, profile = "cuda", args.iters, None  # the default: the device's own
     torch.manual_seed(0)
     report = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
-        "profile": profile if isinstance(profile, str) else "h100, every aten kernel 100 us (dry run)",
+        "profile": device_cost(None, torch.device("cuda"))
+        if profile is None
+        else "h100, every aten kernel 100 us (dry run)",
         "torch": torch.__version__,
         "programs": [],
     }
+    # A fresh compile cache: on a hit inductor does not run the pass, and there would be no prediction
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpu_assign_")
+    try:
+        failed = _measure_all(args, report, device, iters, profile)
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    return 1 if failed else 0
+
+
+def _measure_all(args, report: dict, device: str, iters: int, profile) -> int:
+    """Each program in turn, the JSON rewritten after each; returns how many failed."""
     failed = 0
     for name, make in program_list(device, small=args.cpu_dry_run).items():
         if args.only and name not in args.only:
@@ -203,12 +227,13 @@ def main(argv=None) -> int:
             )
             failed += not row["results_match"]
         report["programs"].append(row)
-        if not args.cpu_dry_run or args.out != ap.get_default("out"):
+        if not args.cpu_dry_run or args.out != DEFAULT_OUT:
             # after every program: a run stopped by a time limit keeps what it measured
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"gpu_assign: {len(report['programs'])} programs, {failed} failed; JSON in {args.out}", file=sys.stderr)
-    return 1 if failed else 0
+    wrote = "" if args.cpu_dry_run and args.out == DEFAULT_OUT else f"; JSON in {args.out}"
+    print(f"gpu_assign: {len(report['programs'])} programs, {failed} failed{wrote}", file=sys.stderr)
+    return failed
 
 
 if __name__ == "__main__":

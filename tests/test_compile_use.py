@@ -537,11 +537,12 @@ def test_a_checkpointed_stream_block_is_recomputed_on_its_stream(inner):
     assert {sp.read_streams(backward).stream[n] for n in relus} == {1}
 
 
-def test_user_syncs_inside_a_checkpointed_block_fail_in_torch_not_in_streampass():
+def test_user_syncs_inside_a_checkpointed_block_fail_in_torch_not_in_streampass(tmp_path, monkeypatch):
     """An ``Event.record()``/``wait()`` pair inside a checkpointed block: torch's min-cut
     partitioner (before any post-grad pass) cannot recompute a ``control_deps`` sync, and
     refuses the joint graph on torch 2.13 and 2.15. Under streampass the compile must work or fail
     exactly as it does with plain AOT autograd and no streampass at all."""
+    monkeypatch.chdir(tmp_path)  # a failing partition draws min_cut_failed*.svg into the working directory
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.compilers import nop
     from torch._functorch.partitioners import min_cut_rematerialization_partition

@@ -34,7 +34,7 @@ def cost_key(cost) -> str:
     return f"{cost.profile!r}/{named}"
 
 
-#: why ``assign="auto"`` with the default cost keeps a CPU graph's free nodes on one stream
+#: why ``assign="auto"`` with the default cost places nothing on a CPU graph
 CPU_SERIAL = "on CPU, streams run one after another"
 
 
@@ -42,7 +42,8 @@ def device_cost(cost, device: torch.device):
     """The cost model ``assign="auto"`` prices a graph on ``device`` with. ``cost`` as given (a
     profile name, a ``DeviceProfile`` or a ``CostModel``: also on CPU, to preview what a GPU
     would get); None, the default: the device's own, on CUDA the profile of its name (h200,
-    h100, a100; h100 for others), and on a CPU none at all (returns None). CPU streams run one
+    h100, a100; h100 for others and for other accelerators), and on a CPU none at all (returns
+    None). CPU streams run one
     after another, so a side stream cannot overlap anything there, and its syncs are fusion
     barriers in inductor's CPU code: one stream is always the fastest.
 
@@ -51,9 +52,9 @@ def device_cost(cost, device: torch.device):
     """
     if cost is not None:
         return cost
-    if device.type != "cuda":
+    if device.type in ("cpu", "meta"):
         return None
-    name = torch.cuda.get_device_name(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""  # other accelerators: h100
     return next((p for p in ("h200", "h100", "a100") if p.upper() in name.upper()), "h100")
 
 
@@ -72,7 +73,7 @@ def serial_summary(own_side_streams: int) -> dict:
 def note(a: dict) -> str:
     own = a["side_streams"] - a["new_streams"]
     if a.get("why"):
-        return f"; assign=auto kept one stream: {a['why']} (give assign_cost to price for a GPU)"
+        return f"; assign=auto placed nothing: {a['why']} (give assign_cost to price for a GPU)"
     return (
         f"; assign=auto chose {a['candidate']!r}: {a['new_streams']} new side stream(s)"
         + (f" next to the program's {own}" if own else "")
