@@ -43,9 +43,8 @@ def device_cost(cost, device: torch.device):
     profile name, a ``DeviceProfile`` or a ``CostModel``: also on CPU, to preview what a GPU
     would get); None, the default: the device's own, on CUDA the profile of its name (h200,
     h100, a100; h100 for others and for other accelerators), and on a CPU none at all (returns
-    None). CPU streams run one
-    after another, so a side stream cannot overlap anything there, and its syncs are fusion
-    barriers in inductor's CPU code: one stream is always the fastest.
+    None). CPU streams run one after another, so a side stream cannot overlap anything there,
+    and its syncs are fusion barriers in inductor's CPU code: one stream is always the fastest.
 
     >>> device_cost(None, torch.device("cpu")) is None, device_cost("a100", torch.device("cpu"))
     (True, 'a100')
