@@ -43,10 +43,6 @@ from streampass.transform.assign_apply import annotated_copy, drop_streams
 BF16 = torch.bfloat16
 
 
-def meta(*shape):
-    return torch.empty(*shape, device="meta", dtype=BF16)
-
-
 def tensor(*shape, device="meta", dtype=BF16):
     """A random tensor (an empty one on the meta device, which make_fx traces for its shapes)."""
     if device == "meta":
@@ -158,7 +154,7 @@ def transformer_stack(layers: int):
         out = torch.func.functional_call(blocks, dict(zip(names, ps)), (x,))
         return torch.autograd.grad(out.sum(), [x, *ps])
 
-    x = meta(8, 1024, 1024).requires_grad_()
+    x = tensor(8, 1024, 1024).requires_grad_()
     return drop_streams(make_fx(f)(x, *[p.detach().requires_grad_() for p in params.values()]))
 
 

@@ -28,11 +28,10 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -41,24 +40,7 @@ DEFAULT_OUT = HERE / "results" / "gpu_assign.json"
 sys.path.insert(0, str(HERE))
 import assign as programs  # noqa: E402  (benchmarks/assign.py: the simulator's programs)
 import bench_models  # noqa: E402
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def median_time(fn, iters: int, device: str, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+from gpu_check import median_time  # noqa: E402
 
 
 def _module_step(name: str, device: str, small: bool):
@@ -68,7 +50,18 @@ def _module_step(name: str, device: str, small: bool):
     m.streams = False
     if name == "transformer":
         return m, [x], False
-    return (lambda x: m(x).float().pow(2).mean()), [x.requires_grad_()], True
+    return _Loss(m), [x.requires_grad_()], True
+
+
+class _Loss(torch.nn.Module):
+    """A block's training loss, as a module: the step's backward fills its parameters' grads."""
+
+    def __init__(self, block: torch.nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return self.block(x).float().pow(2).mean()
 
 
 def program_list(device: str, small: bool) -> dict:
@@ -94,25 +87,17 @@ def program_list(device: str, small: bool) -> dict:
 
 def _leaves(fn, args) -> list[torch.Tensor]:
     """What a training step's backward fills: the inputs and the module parameters that need grads."""
-    owner = getattr(fn, "__self__", None) or next(
-        (
-            c.cell_contents
-            for c in getattr(fn, "__closure__", None) or ()
-            if isinstance(c.cell_contents, torch.nn.Module)
-        ),
-        None,
-    )
-    params = list(owner.parameters()) if owner is not None else []
+    params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
     return [t for t in (*args, *params) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def _step(compiled, fn, args, training: bool) -> list[torch.Tensor]:
-    """One step as a user runs it: inference under no_grad; training, the forward and then
-    ``backward()`` after it. Returns the output (and, for training, the gradients it made)."""
-    if not training:
+def _step(compiled, args, leaves: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    """One step as a user runs it: inference (``leaves`` None) under no_grad; training, the
+    forward and then ``backward()`` after it. Returns the output (and, for training, the
+    gradients of ``leaves`` it made)."""
+    if leaves is None:
         with torch.no_grad():
             return [compiled(*args)]
-    leaves = _leaves(fn, args)
     for t in leaves:
         t.grad = None
     out = compiled(*args)
@@ -120,11 +105,12 @@ def _step(compiled, fn, args, training: bool) -> list[torch.Tensor]:
     return [out.detach(), *(t.grad for t in leaves)]
 
 
-def measure(name: str, make, iters: int, device: str, cost=None) -> dict:
+def measure(name: str, make, iters: int, cost=None) -> dict:
     """``cost``: ``assign_cost``; None, the default, is the device's own (what users get)."""
     import streampass.inductor as spi
 
     fn, args, training = make()
+    leaves = _leaves(fn, args) if training else None
     row: dict = {"program": name, "training": training}
     results = {}
     for mode in ("one stream", "auto"):
@@ -133,7 +119,7 @@ def measure(name: str, make, iters: int, device: str, cost=None) -> dict:
         if mode == "auto":
             p = spi.StreamPass(assign="auto", assign_cost=cost)
             with spi.enabled(p):
-                results[mode] = _step(compiled, fn, args, training)  # compiles forward (and backward)
+                results[mode] = _step(compiled, args, leaves)  # compiles forward (and backward)
             if not p.reports:
                 raise RuntimeError("StreamPass saw no graph: a warm compile cache? (main() uses a fresh one)")
             assigned = [r.assigned for r in p.reports if r.assigned]
@@ -145,9 +131,9 @@ def measure(name: str, make, iters: int, device: str, cost=None) -> dict:
                 round(row["predicted_one_stream_us"] / row["predicted_us"], 3) if row["predicted_us"] else None
             )
         else:
-            results[mode] = _step(compiled, fn, args, training)
+            results[mode] = _step(compiled, args, leaves)
         row[f"{mode.replace(' ', '_')}_s"] = median_time(
-            functools.partial(_step, compiled, fn, args, training), iters, device
+            functools.partial(_step, compiled, args, leaves), iters, warmup=3
         )
     # bf16 programs, two compiles that may fuse differently: agreement to bf16's precision
     row["results_match"] = all(
@@ -193,15 +179,8 @@ def main(argv=None) -> int:
         "programs": [],
     }
     # A fresh compile cache: on a hit inductor does not run the pass, and there would be no prediction
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpu_assign_")
-    try:
+    with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="gpu_assign_")}):
         failed = _measure_all(args, report, device, iters, profile)
-    finally:
-        if before is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
     return 1 if failed else 0
 
 
@@ -213,7 +192,7 @@ def _measure_all(args, report: dict, device: str, iters: int, profile) -> int:
             continue
         print(f"gpu_assign: {name} ...", file=sys.stderr, flush=True)
         try:
-            row = measure(name, make, iters, device, profile)
+            row = measure(name, make, iters, profile)
         except Exception as e:  # keep the other programs' numbers
             failed += 1
             row = {"program": name, "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"}

@@ -16,7 +16,7 @@ from collections import Counter
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from streampass import annotate, ops
+from streampass import annotate, ops, values
 from streampass.analysis.dag import StreamDAG
 from streampass.errors import StreamPassError
 from streampass.runtime import run_serial
@@ -278,8 +278,7 @@ def _exported_note(gm: torch.fx.GraphModule) -> str | None:
         annotated.add("sync")
     if not annotated:
         return "(torch.export records torch.Stream blocks only with strict=True; sp.stream blocks in either mode)"
-    devices = {v.device.type for n in gm.graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor)}
-    if 0 in annotated and devices <= {"cpu"}:
+    if 0 in annotated and {d.type for d in values.graph_devices(gm)} <= {"cpu"}:
         return (
             "(nodes annotated stream 0 are read as the ambient stream; if the program ran them on a "
             "torch.Stream, this file cannot say so: torch.export on CPU numbers the first torch.Stream 0. "
