@@ -34,6 +34,9 @@ class GraphReport:
     #: with ``StreamPass(assign="auto")``: the candidate chosen, its side streams and the
     #: predicted makespan against one stream (:func:`streampass.assign_streams`)
     assigned: dict | None = None
+    #: events the graph waits on that an earlier graph or eager code records
+    #: (:func:`streampass.analysis.reading.events_recorded_outside`)
+    external_events: list[int] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         """The report's fields as a JSON-able dict (without the run result and the kept graph)."""
@@ -48,6 +51,11 @@ class GraphReport:
             f"{self.cross_stream_edges} cross-stream edge(s), added {self.records_added} record(s) "
             f"and {self.waits_added} wait(s), hazards {before} before -> {after} after"
             + ("" if before == 0 else f" {nonzero(self.hazards_before)}")
+            + (
+                ""
+                if not self.external_events
+                else f"; waits on event(s) {self.external_events} recorded outside the graph"
+            )
             + ("" if self.indices == "dynamo" else f"; stream indices: {_INDEX_NOTES[self.indices]}")
             + ("" if self.assigned is None else note(self.assigned))
         )

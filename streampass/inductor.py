@@ -43,7 +43,7 @@ import torch
 import torch.fx
 
 from streampass import compat, compile_hook, ops, values
-from streampass.analysis.reading import read_streams
+from streampass.analysis.reading import events_recorded_outside, read_streams
 from streampass.assign.in_compile import assign_in_place, cost_key, device_cost, serial_summary, summary
 from streampass.compat import PassBase, PassChain, aot_guard_off, aot_guard_on, cpu_safe_aot, post_grad_config
 from streampass.errors import StreamPassError
@@ -145,11 +145,14 @@ class StreamPass(PassBase):
 
     def _rewrite(self, gm, kind: str, device: torch.device, offset: int, indices: str) -> GraphReport:
         dynamo_indices.shift_indices(gm, offset)
+        # An event waited before the graph records it was recorded by an earlier graph or by
+        # eager code: under torch.compile events are objects of dynamo's table.
+        external = events_recorded_outside(gm)
         cost = device_cost(self.assign_cost, device) if self.assign is not None else None
-        choice = assign_in_place(gm, cost, self.max_streams) if cost is not None else None
+        choice = assign_in_place(gm, cost, self.max_streams, external) if cost is not None else None
         # One reading, before the pass: run reuses it, and its region check hands the lowering
         # the edit's kept reading of the result (docs/benchmarks.md, "One reading per compile").
-        a = read_streams(gm)
+        a = read_streams(gm, external)
         assigned = summary(choice) if cost is not None or self.assign is None else serial_summary(len(a.streams) - 1)
         cross = sum(1 for n in a.nodes for i in n.all_input_nodes if a.stream[i] != a.stream[n])
         if a.streams == [AMBIENT] and not a.syncs:
@@ -160,7 +163,7 @@ class StreamPass(PassBase):
                 kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",
                 indices=indices, assigned=assigned,
             )  # fmt: skip
-        result = run(gm, bind_runtime=False, recompile=False, assignment=a)  # the lowering recompiles
+        result = run(gm, external, bind_runtime=False, recompile=False, assignment=a)  # the lowering recompiles
         kept = _copy(gm) if self.keep_graphs else None
         if not _gpu(device):
             lowering = "cpu"
@@ -171,7 +174,7 @@ class StreamPass(PassBase):
         return GraphReport(
             kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
             nonzero(result.before.by_kind()), nonzero(result.after.by_kind()), result.changed or offset != 0,
-            lowering, result, kept, indices, assigned,
+            lowering, result, kept, indices, assigned, list(external),
         )  # fmt: skip
 
     def __deepcopy__(self, memo: dict) -> StreamPass:

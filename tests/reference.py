@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import torch
 
+import streampass as sp
+import streampass.inductor as spi
 from streampass import ops
-from streampass.analysis.reading import read_streams
+from streampass.analysis.reading import events_recorded_outside, read_streams
 from streampass.runtime import run_serial
 
 
 def planned_syncs(gm: torch.fx.GraphModule) -> int:
-    """How many sync ops a graph holds after planning (the user's, torch's and streampass's)."""
-    return sum(1 for c in read_streams(gm).syncs.values() if c.target not in (ops.FORK, ops.JOIN))
+    """How many sync ops a graph holds after planning (the user's, torch's and streampass's); a
+    compiled graph's waits on events recorded before it ran are read as StreamPass reads them."""
+    syncs = read_streams(gm, events_recorded_outside(gm)).syncs.values()
+    return sum(1 for c in syncs if c.target not in (ops.FORK, ops.JOIN))
 
 
 def _serial_backend(gm: torch.fx.GraphModule, example_inputs):
@@ -43,3 +47,33 @@ def reference(fn, make_inputs):
     out = torch.compile(fn, backend=_serial_backend)(*inputs)
     torch._dynamo.reset()
     return out, inputs
+
+
+def compile_and_compare(fn, *inputs, training=False, eager=None):
+    """Compile ``fn`` under a keep-graphs StreamPass, call it once (and backward once, after the
+    block), compare with the reference (or with ``eager``, the same computation written without
+    syncs, where the reference cannot run ``fn``); returns the pass and the syncs the compiled
+    code ran."""
+
+    def fresh():
+        return [t.clone().requires_grad_(training and t.is_floating_point()) for t in inputs]
+
+    want, args_e = reference(eager or fn, fresh)
+    p = spi.StreamPass(keep_graphs=True)
+    args_c = fresh()
+    before = sum(spi.RUNTIME_SYNCS.values())
+    with spi.enabled(p):
+        got = torch.compile(fn, fullgraph=True)(*args_c)
+    if training:
+        got.sum().backward()
+    ran = sum(spi.RUNTIME_SYNCS.values()) - before
+    torch.testing.assert_close(got, want)
+    if training:
+        want.sum().backward()
+        for c, e in zip(args_c, args_e):
+            torch.testing.assert_close(c.grad, e.grad)
+    for r in p.reports:
+        if r.verified_graph is not None:
+            report = sp.verify(r.verified_graph, r.external_events)
+            assert report.ok, (r.graph, report)
+    return p, ran

@@ -239,6 +239,37 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     return assignment
 
 
+_WAITS_ON_EVENT = (ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC)
+
+
+def events_recorded_outside(g: torch.fx.GraphModule | torch.fx.Graph) -> tuple[int, ...]:
+    """The events ``g`` waits on before any of its own nodes records them, in order of first wait.
+
+    Under ``torch.compile`` every event is an object of dynamo's table, so such an event was
+    recorded by code outside the graph: an earlier graph (a graph break between ``e.record()``
+    and ``e.wait()``, another compiled function) or eager code; or never, and the wait does
+    nothing. :class:`streampass.inductor.StreamPass` passes them to ``run`` as
+    ``external_events``.
+
+    >>> g = torch.fx.Graph()
+    >>> _ = g.call_function(ops.WAIT_EVENT, (5, 1)), g.call_function(ops.RECORD_EVENT, (6, 1))
+    >>> _ = g.call_function(ops.WAIT_EVENT, (6, 0)), g.call_function(ops.SYNC_EVENT, (7,))
+    >>> events_recorded_outside(g)
+    (5, 7)
+    """
+    recorded: set[int] = set()
+    outside: dict[int, None] = {}
+    for node in _graph_of(g).nodes:
+        call = ops.as_sync_call(node)
+        if call is None or not call.args or not isinstance(call.args[0], int):
+            continue  # not an event op, or one read_streams refuses with the node's name
+        if call.target is ops.RECORD_EVENT:
+            recorded.add(call.args[0])
+        elif call.target in _WAITS_ON_EVENT and call.args[0] not in recorded:
+            outside.setdefault(call.args[0])
+    return tuple(outside)
+
+
 def _sync_stream(call: ops.SyncCall, regions: list, recorded: set[int], external: frozenset[int]) -> int:
     """The stream of a stream op; checks fork/join nesting and that waited events are recorded."""
     node = call.node
@@ -268,7 +299,7 @@ def _sync_stream(call: ops.SyncCall, regions: list, recorded: set[int], external
         regions.pop()
     elif call.target is ops.RECORD_EVENT:
         recorded.add(call.args[0])
-    elif call.target in (ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC):
+    elif call.target in _WAITS_ON_EVENT:
         ev = call.args[0]
         if ev not in recorded and ev not in external:
             raise StreamPassError(

@@ -107,10 +107,10 @@ def summary(choice: StreamChoice | None) -> dict | None:
     }
 
 
-def assign_in_place(gm: torch.fx.GraphModule, cost, max_streams: int) -> StreamChoice:
+def assign_in_place(gm: torch.fx.GraphModule, cost, max_streams: int, external_events=()) -> StreamChoice:
     """Choose streams for ``gm``'s unplaced nodes (side streams from :data:`AUTO_STREAMS` up,
     what inductor will fuse kept together) and write them as annotations; the pass then plans
-    the syncs as for a user's own streams.
+    the syncs as for a user's own streams. ``external_events``: as for :func:`streampass.run`.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -121,7 +121,12 @@ def assign_in_place(gm: torch.fx.GraphModule, cost, max_streams: int) -> StreamC
     (True, True)
     """
     choice = assign_streams(
-        gm, cost, max_streams=max_streams, side_streams=range(AUTO_STREAMS, EVENT_BASE), keep_fusions=True
+        gm,
+        cost,
+        max_streams=max_streams,
+        external_events=external_events,
+        side_streams=range(AUTO_STREAMS, EVENT_BASE),
+        keep_fusions=True,
     )
     choice.apply(gm)
     return choice

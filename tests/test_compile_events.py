@@ -1,0 +1,142 @@
+"""Events that cross a graph's boundary under torch.compile: recorded by one graph (or eager
+code) and waited on by another. A graph break between ``e.record()`` and ``e.wait()`` does
+this to any program; so does recording in one compiled function and waiting in the next.
+StreamPass treats a wait on an event no earlier node of the graph records as a wait on a record
+made before the graph ran (``events_recorded_outside``), and keeps the other graph's record,
+which has no waiter of its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+import streampass as sp
+import streampass.inductor as spi
+from streampass import ops
+from streampass.analysis.reading import events_recorded_outside
+
+from reference import planned_syncs, reference
+
+pytestmark = pytest.mark.usefixtures("fresh_caches")
+
+S1, S2 = torch.Stream("cpu"), torch.Stream("cpu")
+E = torch.Event("cpu")
+
+
+def record_on_s1(x):
+    with S1:
+        y = x * 2
+        E.record()
+    return y
+
+
+def wait_on_s2(y):
+    # On CPU dynamo cannot trace ``E.wait()`` outside a stream block (it has no current stream
+    # there), so the wait is issued on S2.
+    with S2:
+        E.wait()
+        return y.sin() + 1
+
+
+def record_then_wait(x):
+    return wait_on_s2(record_on_s1(x))
+
+
+def record_break_wait(x):
+    y = record_on_s1(x)
+    torch._dynamo.graph_break()
+    return wait_on_s2(y)
+
+
+def _event_records(gm: torch.fx.GraphModule) -> list[int]:
+    a = sp.read_streams(gm, events_recorded_outside(gm))
+    return [c.args[0] for c in a.syncs.values() if c.target is ops.RECORD_EVENT]
+
+
+def _check_reports(reports: list, ran: int) -> None:
+    """``reports``: the recorder's graph, then the waiter's."""
+    kept = [r for r in reports if r.verified_graph is not None]
+    assert len(kept) == 2, [r.line() for r in reports]
+    recorder, waiter = kept
+    for r in kept:
+        assert sp.verify(r.verified_graph, r.external_events).ok, r.line()
+    # The waiter's event is the recorder's: recorded there, declared outside here, and said so.
+    assert recorder.external_events == []
+    (event,) = waiter.external_events
+    assert event in _event_records(recorder.verified_graph)
+    assert event not in _event_records(waiter.verified_graph)
+    assert f"waits on event(s) [{event}] recorded outside the graph" in waiter.line()
+    assert ran >= sum(planned_syncs(r.verified_graph) for r in kept)
+
+
+def test_an_event_recorded_by_one_compiled_function_is_waited_on_by_the_next():
+    x = torch.randn(8)
+    want, _ = reference(record_then_wait, lambda: [x.clone()])
+    p = spi.StreamPass(keep_graphs=True)
+    before = sum(spi.RUNTIME_SYNCS.values())
+    with spi.enabled(p):
+        got = torch.compile(wait_on_s2)(torch.compile(record_on_s1)(x.clone()))
+    torch.testing.assert_close(got, want)
+    _check_reports(p.reports, sum(spi.RUNTIME_SYNCS.values()) - before)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_a_graph_break_between_record_and_wait(training):
+    x = torch.randn(8)
+    want, args_e = reference(record_break_wait, lambda: [x.clone().requires_grad_(training)])
+    p = spi.StreamPass(keep_graphs=True)
+    before = sum(spi.RUNTIME_SYNCS.values())
+    x_c = x.clone().requires_grad_(training)
+    with spi.enabled(p):
+        got = torch.compile(record_break_wait)(x_c)
+    ran = sum(spi.RUNTIME_SYNCS.values()) - before
+    torch.testing.assert_close(got, want)
+    if training:
+        got.sum().backward()  # after the block, as a training loop does
+        want.sum().backward()
+        torch.testing.assert_close(x_c.grad, args_e[0].grad)
+        backward = [r for r in p.reports if r.graph == "backward"]
+        assert len(backward) == 2 and all(sp.verify(r.verified_graph, r.external_events).ok for r in backward)
+    _check_reports([r for r in p.reports if r.graph != "backward"], ran)
+
+
+def steady_state_step(x):
+    """Each call waits for the previous call's record before it overwrites nothing: the wait
+    comes before the graph's own record of the same event."""
+    with S2:
+        E.wait()
+        y = x.cos()
+    with S1:
+        z = y * 3
+        E.record()
+    return z + 1
+
+
+def test_a_wait_before_the_graphs_own_record_waits_on_the_previous_call():
+    xs = [torch.randn(8) for _ in range(3)]
+    p = spi.StreamPass(keep_graphs=True)
+    with spi.enabled(p):
+        step = torch.compile(steady_state_step, fullgraph=True)
+        got = [step(x) for x in xs]
+    for g, x in zip(got, xs):
+        torch.testing.assert_close(g, (x.cos() * 3) + 1)
+    (r,) = p.reports
+    (event,) = r.external_events
+    assert event in _event_records(r.verified_graph)  # the graph's own record is kept
+    assert sp.verify(r.verified_graph, r.external_events).ok
+
+
+def test_standalone_run_still_asks_for_the_events_recorded_outside():
+    """Outside torch.compile an event index may mean anything: ``run`` refuses to guess."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.call_function(ops.WAIT_EVENT, (5, 1))
+    g.output(g.call_function(torch.ops.aten.sin.default, (x,)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    code = gm.code
+    with pytest.raises(sp.StreamPassError, match=r"pass external_events=\[5\]"):
+        sp.run(gm)
+    assert gm.code == code
+    assert events_recorded_outside(gm) == (5,)
+    assert sp.run(gm, external_events=[5]).ok
