@@ -144,3 +144,27 @@ def test_auto_assigned_streams_run_on_cuda_and_equal_eager(training):
     ]
     if not training:  # (_kernel_streams calls under no_grad: a training graph would recompile)
         assert len(_kernel_streams(lambda: cfn(x))) >= 2
+
+
+def test_an_event_recorded_eagerly_is_waited_on_by_a_compiled_graph():
+    """On CUDA eager code can record for real: the compiled graph's wait on that event is kept
+    and treated as a wait on a record made before the graph ran (tests/test_compile_events.py)."""
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    e = torch.cuda.Event()
+    x = torch.randn(1 << 16, device="cuda")
+    with torch.cuda.stream(s1):
+        y = x * 2
+        e.record()
+
+    def g(y):
+        with torch.cuda.stream(s2):
+            e.wait()
+            return y.sin() + 1
+
+    p = spi.StreamPass(keep_graphs=True)
+    with spi.enabled(p):
+        got = torch.compile(g)(y)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, (x * 2).sin() + 1)
+    (r,) = p.reports
+    assert r.external_events and sp.verify(r.verified_graph, r.external_events).ok, r.line()
