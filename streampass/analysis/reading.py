@@ -253,7 +253,7 @@ def events_recorded_outside(g: torch.fx.GraphModule | torch.fx.Graph) -> tuple[i
 
     >>> g = torch.fx.Graph()
     >>> _ = g.call_function(ops.WAIT_EVENT, (5, 1)), g.call_function(ops.RECORD_EVENT, (6, 1))
-    >>> _ = g.call_function(ops.WAIT_EVENT, (6, 0)), g.call_function(ops.SYNC_EVENT, (7,))
+    >>> _ = g.call_function(ops.WAIT_EVENT, (6, 0)), g.call_function(ops.WAIT_EVENT, (7, 0))
     >>> events_recorded_outside(g)
     (5, 7)
     """
