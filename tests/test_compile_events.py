@@ -102,7 +102,7 @@ def test_a_graph_break_between_record_and_wait(training):
 
 
 def steady_state_step(x):
-    """Each call waits for the previous call's record before it overwrites nothing: the wait
+    """Each call starts by waiting on the record the previous call made at its end: the wait
     comes before the graph's own record of the same event."""
     with S2:
         E.wait()
