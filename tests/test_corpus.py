@@ -22,6 +22,10 @@ lowering's counter.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -215,3 +219,49 @@ def test_programs_only_a_newer_torch_runs_fail_without_streampass_too():
     assert len(HERE) + len(NEWER) == len(PROGRAMS) and len(HERE) >= 90
     held = [p.name for p in NEWER if _upstream_expectation_holds(p)]
     assert not held, f"torch {torch.__version__} runs these as upstream expects: lower their since: {held}"
+
+
+# --------------------------------------------------------------------------------------------
+# Cold, then warm in a second process
+# --------------------------------------------------------------------------------------------
+#: corpus programs whose graphs torch 2.13 caches (no user sync: torch wraps those in
+#: ``control_deps``, which its FX-graph cache declines), and some it declines, which recompile
+WARM = [
+    "stream_enter_exit", "stream_context_graph_break", "stream_input", "nested_stream_enter_exit",
+    "local_stream_nested_enter_exit", "stream_with_mutation", "stream_backward_simple", "event_tracing",
+    "epilogue_copy_streams_inference", "epilogue_copy_stream_tracking", "backward_sync_control_deps_e2e",
+    "record_stream", "event_record_on_different_stream_no_error", "del_single_stream_no_sync_dealloc",
+    # declined: user syncs
+    "control_deps_wrapping_record_event", "multiple_stream_contexts", "bidirectional_stream_sync",
+    "del_multi_stream_sync_dealloc",
+]  # fmt: skip
+
+
+def _corpus_job(names: list[str], cache: str) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+    out = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "corpus_job.py"), *names],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_programs_cold_then_warm_in_a_second_process(tmp_path):
+    """A second process that finds torch's caches filled runs the same syncs and computes what
+    eager does; it compiles again exactly the graphs torch declined to cache (each goes
+    through StreamPass again), and nothing else."""
+    names = [n for n in WARM if n in {p.name for p in HERE if p.raises is None}]
+    cache = str(tmp_path / "cache")
+    cold = _corpus_job(names, cache)
+    warm = _corpus_job(names, cache)
+    for name in names:
+        c, w = cold[name], warm[name]
+        assert c["equal"] and w["equal"], name
+        assert w["syncs"] == c["syncs"], name
+        assert len(w["compiled"]) == c["fx_bypass"], (name, c, w)
+        assert len(c["compiled"]) == c["fx_miss"] + c["fx_bypass"], (name, c)
+    served = [n for n in names if cold[n]["compiled"] and not warm[n]["compiled"]]
+    declined = [n for n in names if warm[n]["compiled"]]
+    assert len(served) >= len(names) // 2 and declined, (served, declined)
