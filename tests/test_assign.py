@@ -24,16 +24,13 @@ from streampass.runtime import run_serial
 from streampass.sim.cost import CostModel
 from streampass.synthetic import random_inputs, random_stream_graph
 
+from training_job import aten_100us
+
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _aten_100us(node: torch.fx.Node) -> float | None:
-    target = node.target
-    return 1e-4 if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten" else None
-
-
 #: every aten kernel 100 us (stream ops keep their sync cost): side streams pay on the random graphs
-BIG = CostModel("h100", overrides=_aten_100us)
+BIG = CostModel("h100", overrides=aten_100us)
 
 
 def _strip(gm: torch.fx.GraphModule, keep: float, seed: int) -> dict[str, int]:
@@ -170,7 +167,7 @@ def test_symbolic_shapes_are_priced_by_hint_without_a_guard():
     val = next(n for n in gm.graph.nodes if n.op == "placeholder").meta["val"]
     shape_env = val.shape[0].node.shape_env
     before = len(shape_env.guards)
-    choice = sp.assign_streams(gm, CostModel("h100", overrides=_aten_100us))
+    choice = sp.assign_streams(gm, CostModel("h100", overrides=aten_100us))
     assert len(choice.used) > 1 and choice.peak_bytes > 0
     choice.apply(gm)
     assert sp.run(gm).ok

@@ -21,6 +21,8 @@ from streampass.synthetic import random_stream_graph
 from streampass.transform.assign_apply import annotated_copy
 from streampass.transform.pipeline import hoist_attributes
 
+from training_job import aten_100us
+
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 graphs = st.builds(
@@ -122,17 +124,10 @@ def test_candidates_that_cannot_win_are_skipped_not_priced():
     assert "not priced" in choice.explain()
 
 
-def _aten_100us(node):
-    import torch
-
-    target = node.target
-    return 1e-4 if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten" else None
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(gm=graphs, max_streams=st.integers(2, 4), big=st.booleans())
 def test_skipping_by_lower_bound_changes_no_choice(gm, max_streams, big):
-    model = CostModel("h100", overrides=_aten_100us) if big else CostModel("h100")
+    model = CostModel("h100", overrides=aten_100us) if big else CostModel("h100")
     quick = sp.assign_streams(gm, model, max_streams=max_streams)
     every = sp.assign_streams(gm, model, max_streams=max_streams, exhaustive=True)
     assert not every.skipped
