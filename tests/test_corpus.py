@@ -262,6 +262,6 @@ def test_programs_cold_then_warm_in_a_second_process(tmp_path):
         assert w["syncs"] == c["syncs"], name
         assert len(w["compiled"]) == c["fx_bypass"], (name, c, w)
         assert len(c["compiled"]) == c["fx_miss"] + c["fx_bypass"], (name, c)
+    # which graphs torch declines to cache is torch's choice, and differs between releases
     served = [n for n in names if cold[n]["compiled"] and not warm[n]["compiled"]]
-    declined = [n for n in names if warm[n]["compiled"]]
-    assert len(served) >= len(names) // 2 and declined, (served, declined)
+    assert len(served) >= len(names) // 2, served
