@@ -3,8 +3,8 @@
 ``python tests/corpus_job.py NAME...`` compiles each named program of
 tests/user_stream_programs.py under ``streampass.inductor.enabled()`` with torch's FX-graph and
 AOT-autograd caches on (the caller points ``TORCHINDUCTOR_CACHE_DIR`` at a folder that the first
-run fills and the second finds), runs the backward of a training program after
-the block, and prints one JSON line: per program, whether outputs, in-place updates and gradients
+run fills and the second finds), runs the backward of a training program after the block,
+and prints one JSON line: per program, whether outputs, in-place updates and gradients
 equal eager, the syncs the compiled code ran, the graphs StreamPass compiled, and inductor's
 cache counters.
 """

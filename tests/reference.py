@@ -10,6 +10,11 @@ order, every sync is a no-op, which is what the syncs mean on CPU.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import torch
 
 import streampass as sp
@@ -77,3 +82,16 @@ def compile_and_compare(fn, *inputs, training=False, eager=None):
             report = sp.verify(r.verified_graph, r.external_events)
             assert report.ok, (r.graph, report)
     return p, ran
+
+
+def job(script: str, *args: str, cache: str) -> dict:
+    """Run ``tests/<script> args...`` in a process of its own, with torch's inductor cache in
+    ``cache`` (a second call with the same folder finds it filled: warm), and return the JSON of
+    the last line it printed."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+    out = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), script), *args],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -4,10 +4,6 @@
 from __future__ import annotations
 
 import copy
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,10 +16,7 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass import compat, ops
 
-from reference import compile_and_compare, planned_syncs
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
+from reference import compile_and_compare, job, planned_syncs
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 
@@ -571,13 +564,8 @@ def test_a_pass_that_kept_graphs_survives_the_next_compile():
 # A training loop, cold and warm caches, in fresh processes
 # --------------------------------------------------------------------------------------------
 def _job(mode: str, cache: str) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-    out = subprocess.run(
-        [sys.executable, os.path.join(HERE, "training_job.py"), mode],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """tests/training_job.py in a process of its own (``mode``: enabled, enable, auto, eager)."""
+    return job("training_job.py", mode, cache=cache)
 
 
 @pytest.mark.slow

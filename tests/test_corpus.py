@@ -22,10 +22,6 @@ lowering's counter.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -36,7 +32,7 @@ from torch._dynamo.utils import counters
 import streampass as sp
 import streampass.inductor as spi
 
-from reference import planned_syncs
+from reference import job, planned_syncs
 from user_stream_programs import DEVICE, ON_CPU, PROGRAMS, CpuStream, Program
 
 CURRENT = CpuStream("cpu") if ON_CPU else None  # the CPU stand-in for CUDA's current stream (module doc)
@@ -237,16 +233,6 @@ WARM = [
 ]  # fmt: skip
 
 
-def _corpus_job(names: list[str], cache: str) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-    out = subprocess.run(
-        [sys.executable, os.path.join(os.path.dirname(__file__), "corpus_job.py"), *names],
-        env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 def test_programs_cold_then_warm_in_a_second_process(tmp_path):
     """A second process that finds torch's caches filled runs the same syncs and computes what
@@ -254,8 +240,8 @@ def test_programs_cold_then_warm_in_a_second_process(tmp_path):
     through StreamPass again), and nothing else."""
     names = [n for n in WARM if n in {p.name for p in HERE if p.raises is None}]
     cache = str(tmp_path / "cache")
-    cold = _corpus_job(names, cache)
-    warm = _corpus_job(names, cache)
+    cold = job("corpus_job.py", *names, cache=cache)
+    warm = job("corpus_job.py", *names, cache=cache)
     for name in names:
         c, w = cold[name], warm[name]
         assert c["equal"] and w["equal"], name
