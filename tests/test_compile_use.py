@@ -16,6 +16,8 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass import compat, ops
 
+aten = torch.ops.aten
+
 from reference import compile_and_compare, job, planned_syncs
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
@@ -146,6 +148,27 @@ def test_backward_after_the_block_goes_through_streampass():
     bwd = p.reports[1]
     assert bwd.lowering == "cpu" and bwd.records_added > 0 and not bwd.hazards_after
     assert ran >= sum(planned_syncs(r.verified_graph) for r in p.reports)
+
+
+def masked_sum_on_two_streams(x, w):
+    with sp.stream(1):
+        a = x @ w.t()
+        v = x[x > 0]
+    with sp.stream(2):
+        b = x[:, :8] * v.sum().item()
+    return (a * b).mean() + v.mean()
+
+
+@torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True)
+def test_a_cpu_sync_materializes_no_value_for_inductor():
+    """x.grad was wrong here: the CPU syncs' arguments made inductor materialize the
+    slice_scatter of x[:, :8]'s gradient, and torch 2.13 then ran the add that reads the
+    index_put_ of x[x > 0]'s gradient before that index_put_ (docs/inductor.md, "Known torch
+    bugs"). A CPU sync now takes only the graph's first input."""
+    torch.manual_seed(0)
+    p, ran = compile_and_compare(masked_sum_on_two_streams, torch.randn(8, 16), torch.randn(8, 16), training=True)
+    assert [r.graph for r in p.reports] == ["forward", "backward"] and ran > 0
+    assert all(r.lowering == "cpu" and r.streams == [0, 1, 2] for r in p.reports)
 
 
 def test_backward_outside_leaves_other_compiles_alone():

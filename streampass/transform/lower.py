@@ -4,7 +4,8 @@ only its encoding changes). Each is all or nothing: on any failure the graph is 
 * :func:`lower_for_gpu`: the graph keeps its ``custom.stream`` annotations and its
   ``control_deps`` syncs, each with its own subgraph and a non-empty dependency tuple.
 * :func:`lower_for_cpu`: streams move to ``node.meta["streampass_stream"]`` and every sync
-  becomes ``torch.ops.streampass.sync(deps, op, int_args)``, a no-op counted in :data:`RUNTIME_SYNCS`.
+  becomes ``torch.ops.streampass.sync([first_tensor_input], op, int_args)``, a no-op counted in
+  :data:`RUNTIME_SYNCS`.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ STREAM_KEY = "streampass_stream"  # where CPU graphs keep a node's stream for in
 def sync(deps: list[torch.Tensor], op: str, args: list[int]) -> None:
     """A sync point of a CPU graph: ``op(*args)`` of ``torch.ops.streams``, a no-op on CPU.
 
-    ``deps`` only order the call and give inductor its device; the call is counted in
-    :data:`RUNTIME_SYNCS`.
+    ``deps`` only give inductor the call's device (:func:`lower_for_cpu` passes the graph's
+    first tensor input); the call is counted in :data:`RUNTIME_SYNCS`.
     """
     RUNTIME_SYNCS[op] += 1
 
@@ -59,8 +60,9 @@ def lower_for_cpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None 
     """Make a graph :func:`streampass.run` left compilable by inductor's CPU backend.
 
     Streams move from ``custom["stream"]`` to ``meta["streampass_stream"]``; every stream op
-    (plain or in ``control_deps``) becomes ``streampass.sync(tensor_deps, op, int_args)``,
-    and readers of a ``control_deps`` passthrough read the value itself. ``assignment``: the
+    (plain or in ``control_deps``) becomes ``streampass.sync([x], op, int_args)``, ``x`` the
+    graph's first tensor input (CPU streams run in program order: a sync orders nothing, and
+    an intermediate value as its argument would only be materialized for it), and readers of a ``control_deps`` passthrough read the value itself. ``assignment``: the
     graph's reading if the caller has it (:attr:`RunResult.assignment`). Returns whether
     anything changed (a graph without streams is left alone).
 
@@ -76,6 +78,8 @@ def lower_for_cpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None 
     >>> lower_for_cpu(gm), lower_for_cpu(gm)  # the second call finds nothing to change
     (True, False)
     >>> syncs = [n for n in gm.graph.nodes if n.target is SYNC]
+    >>> {d.name for n in syncs for d in n.args[0]}
+    {'x_1'}
     >>> [n.args[1] for n in syncs]
     ['record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event']
     >>> [n.name for n in gm.graph.nodes if n.meta.get(STREAM_KEY) == 1 and n.target is not SYNC]
@@ -111,7 +115,11 @@ def _lower_for_cpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> bool
         else:
             deps = [x for x in call.args if _is_tensor_node(x)]
             ints = [x for x in call.args if isinstance(x, int)]
-        deps = deps or tensor_inputs[:1]
+        # CPU streams run in program order, so a CPU sync needs no data dependencies, only a
+        # tensor for inductor's device. An intermediate value would be materialized for it:
+        # that costs fusions and, on torch 2.13, exposes an inductor misordering that loses an
+        # index_put_ (docs/inductor.md, "Known torch bugs").
+        deps = tensor_inputs[:1] or deps[:1]
         # A sync that orders nothing on CPU (no tensor anywhere) is dropped.
         if deps:
             with graph.inserting_before(node):
