@@ -14,7 +14,8 @@ crashes in torch's own AOT pass (on CPU). So, while the hook is installed:
   was compiled inside a scope keeps that scope for every later compile, after the block too,
   until ``torch._dynamo.reset()``; a frame first compiled after the block gets nothing;
 * every other compile gets the process-wide scope (:func:`everywhere`: ``enable()``), if one is
-  set, even one whose ``torch.compile(options=...)`` replaces the post-grad passes;
+  set, even one whose ``torch.compile(options=...)`` replaces the post-grad passes, and its frame
+  keeps that scope as a frame compiled in a block does (after ``disable()`` too);
 * every graph compiled with a StreamPass (a scope's, ``enable()``'s or ``torch.compile(options=...)``'s)
   carries :func:`stream_key` as a module attribute. torch's AOT-autograd and FX-graph cache keys
   pickle a graph's code and attributes but not ``node.meta``, where stream annotations live: without
@@ -166,7 +167,11 @@ def _scope_of_this_compile() -> Callable[[Any], Any] | None:
     add, seen_state = _frames.get(code, (None, None)) if code is not None else (None, None)
     # torch._dynamo.reset() forgets every compiled frame (as a new process would), and dynamo
     # then keeps a new state dict for the code: a compile after it is a first compile again.
-    return add if add is not None and seen_state is state else _everywhere
+    if add is not None and seen_state is state:
+        return add
+    if _everywhere is not None and code is not None:
+        _frames[code] = (_everywhere, state)  # its recompiles after disable() keep the pass
+    return _everywhere
 
 
 def _frame() -> tuple[Any, Any]:

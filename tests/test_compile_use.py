@@ -236,6 +236,26 @@ def test_disable_undoes_enable(enabled_for_the_test):
     spi.disable()  # a second time does nothing
 
 
+def test_a_function_compiled_while_enabled_keeps_streampass_after_disable(enabled_for_the_test):
+    """A training loop between enable() and disable(): the backward and the recompile for a
+    smaller last batch come after disable(), and still go through StreamPass (on CPU, without it,
+    torch's own AOT stream pass fails importing triton)."""
+    p = enabled_for_the_test(spi.StreamPass())
+    step = torch.compile(s_branches)
+    w1, w2 = (torch.randn(16, 16, requires_grad=True) for _ in range(2))
+    loss = step(torch.randn(8, 16), w1, w2).sum()
+    spi.disable()
+    loss.backward()
+    x = torch.randn(3, 16)  # the last, smaller batch: a recompile
+    got = step(x, w1, w2)
+    torch.testing.assert_close(got, s_branches(x, w1, w2))
+    got.sum().backward()
+    assert [r.graph for r in p.reports] == ["forward", "backward", "forward", "backward"]
+    assert all(r.records_added > 0 for r in p.reports)
+    torch.compile(lambda x: x.cos() * 2)(torch.randn(8))  # a first compile, after disable(): untouched
+    assert len(p.reports) == 4
+
+
 def test_enable_inside_a_block_outlives_the_block(enabled_for_the_test):
     """The block puts its config back when it ends; ``enable()`` called inside it still holds."""
     with spi.enabled() as p:
