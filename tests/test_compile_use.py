@@ -433,21 +433,57 @@ def test_a_pass_given_as_compile_options_keys_the_cache_too():
     assert [_side_ops(r) for r in p.reports] == [["sin.default"], ["cos.default"]]
 
 
-def test_a_graph_break_inside_sp_stream_runs_the_function_eagerly():
-    """dynamo cannot resume inside ``torch.fx.traceback.annotate``, so it runs the frame eagerly;
-    ``sp.stream`` must then work as it does outside torch.compile (it used to come back as a
-    function and fail the ``with``)."""
+BLOCKS = {"sp.stream": lambda: sp.stream(1), "torch.Stream": lambda: S1}
+
+
+@pytest.mark.parametrize("block", BLOCKS.values(), ids=BLOCKS.keys())
+def test_a_graph_break_inside_a_stream_block_runs_the_function_eagerly(block):
+    """dynamo cannot resume a frame inside either block, so it runs the frame eagerly, as plain
+    torch does; ``sp.stream`` must then work as it does outside torch.compile (it used to come
+    back as a function and fail the ``with``)."""
 
     def f(x):
-        with sp.stream(1):
+        with block():
             a = x.sin()
             torch._dynamo.graph_break()
             b = a.cos()
         return b + x
 
     x = torch.randn(4)
-    with spi.enabled():
+    with spi.enabled() as p:
         torch.testing.assert_close(torch.compile(f)(x), f(x))
+    assert p.reports == []  # nothing compiled
+
+
+def _breaks(x):
+    a = x.sin()
+    torch._dynamo.graph_break()
+    return a.cos()
+
+
+@pytest.mark.parametrize("block", BLOCKS.values(), ids=BLOCKS.keys())
+def test_a_graph_break_in_a_function_called_in_a_stream_block(block):
+    """The block runs eagerly around the call; the called function's two pieces are compiled as
+    frames of their own: under ``sp.stream(1)`` their nodes are still on stream 1, under a
+    ``torch.Stream`` block on none (they run on the stream the eager block made current)."""
+
+    def f(x):
+        with block():
+            b = _breaks(x)
+        return b + x
+
+    x = torch.randn(4)
+    with spi.enabled(spi.StreamPass(keep_graphs=True)) as p:
+        torch.testing.assert_close(torch.compile(f)(x), f(x))
+    side = [
+        [n.name for n, k in sp.read_streams(r.verified_graph).stream.items() if k == 1 and n.target in (aten.sin.default, aten.cos.default)]
+        for r in p.reports
+        if r.verified_graph is not None
+    ]
+    if block is BLOCKS["sp.stream"]:
+        assert [r.streams for r in p.reports] == [[0, 1], [0, 1]] and side == [["sin"], ["cos"]]
+    else:
+        assert [r.streams for r in p.reports] == [[0], [0]] and side == []
 
 
 def test_exported_program_through_aot_inductor_keeps_its_streams(tmp_path):
