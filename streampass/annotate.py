@@ -9,6 +9,7 @@ import torch
 from torch.fx import traceback as fx_traceback
 
 from streampass.compat import inlined_only
+from streampass.ops import SP_STREAM_KEY as MARK
 from streampass.ops import check_stream_index
 
 
@@ -20,7 +21,9 @@ def stream(k: int):
     ``torch.fx.traceback.annotate``); blocks nest, the innermost wins; ``k = 0`` is the
     ambient stream. Outside tracing it does nothing but set the annotation. A graph break inside
     the block makes dynamo run the whole function eagerly (it cannot resume inside
-    ``annotate``); ``with torch.Stream(...)`` blocks have no such limit.
+    ``annotate``), as it does for a ``with torch.Stream(...)`` block. Under ``torch.compile`` ``k``
+    is an index of dynamo's object table: in a function that also uses ``torch.Stream``/``Event``
+    objects, an index one of them holds is that object's stream (StreamPass warns).
 
     >>> import torch
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -35,7 +38,9 @@ def stream(k: int):
     check_stream_index(k)
     if torch.compiler.is_dynamo_compiling():
         # dynamo understands annotate() itself; a generator context manager would be inlined.
-        return fx_traceback.annotate({"stream": k})
+        # MARK tells this block's nodes from those of a torch.Stream block, whose index dynamo
+        # writes under the same key (dynamo_indices.shared_indices).
+        return fx_traceback.annotate({"stream": k, MARK: k})
     # make_fx, AOT autograd and torch.export's non-strict tracer run this code as Python
     return _stream_eager(k)
 

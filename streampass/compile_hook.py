@@ -174,6 +174,11 @@ def _scope_of_this_compile() -> Callable[[Any], Any] | None:
     return _everywhere
 
 
+def compiling_frame() -> bool:
+    """Whether dynamo is compiling a frame now (its object table holds that frame's objects)."""
+    return _frame()[0] is not None
+
+
 def _frame() -> tuple[Any, Any]:
     """The code object dynamo is compiling now and the state dict dynamo keeps for that code
     until ``torch._dynamo.reset()`` (its instruction translator is live while the backend runs);

@@ -18,3 +18,7 @@ class StreamPassError(ValueError):
         self.node = node
         self.rule = message
         super().__init__(f"node {node!r}: {message}" if node is not None else message)
+
+
+class StreamPassWarning(UserWarning):
+    """A program streampass compiles as written but probably not as meant (it names the node)."""

@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import pathlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,7 +47,7 @@ from streampass import compat, compile_hook, ops, values
 from streampass.analysis.reading import events_recorded_outside, read_streams
 from streampass.assign.in_compile import assign_in_place, cost_key, device_cost, serial_summary, summary
 from streampass.compat import PassBase, PassChain, aot_guard_off, aot_guard_on, cpu_safe_aot, post_grad_config
-from streampass.errors import StreamPassError
+from streampass.errors import StreamPassError, StreamPassWarning
 from streampass.graph_report import GraphReport, nonzero
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
@@ -137,6 +138,8 @@ class StreamPass(PassBase):
         kind = compat.graph_kind(graph, is_inference)
         backward = kind == "backward"
         device = values.graph_device(graph)
+        if not backward and compile_hook.compiling_frame():
+            _check_shared_indices(gm, device)
         offset, indices = dynamo_indices.index_offset(backward)
         with snapshot.all_or_nothing(gm):
             report = self._rewrite(gm, kind, device, offset, indices)
@@ -185,6 +188,24 @@ class StreamPass(PassBase):
 
     def __repr__(self) -> str:
         return "StreamPass()" if self.assign is None else f"StreamPass(assign={self.assign!r})"
+
+
+def _check_shared_indices(gm: torch.fx.GraphModule, device: torch.device) -> None:
+    """``sp.stream(k)`` where dynamo's table holds one of the function's own objects at ``k``:
+    with a stream, one stream for both (a warning: correct, less overlap); on an accelerator, with
+    an event, kernels launched on an event (refused, before any edit)."""
+    first: dict[int, tuple[torch.fx.Node, object]] = {}
+    for node, k, obj in dynamo_indices.shared_indices(gm):
+        first.setdefault(k, (node, obj))
+    for k, (node, obj) in first.items():
+        where = f"sp.stream({k}) is index {k} of dynamo's object table, which holds this function's {type(obj).__name__}"
+        advice = "use one kind of stream in a function: torch.Stream objects or sp.stream(k) (docs/inductor.md, Known limits)"
+        if _gpu(device) and not isinstance(obj, torch.Stream):
+            raise StreamPassError(f"{where}: its kernels would be launched on an event; {advice}", node=node.name)
+        warnings.warn(
+            StreamPassWarning(f"node {node.name!r}: {where}: the two run as one stream (no race, less overlap); {advice}"),
+            stacklevel=2,
+        )
 
 
 def _gpu(device: torch.device) -> bool:

@@ -25,6 +25,9 @@ streams = torch.ops.streams
 
 #: the stream a graph is called on (CUDA's current stream); every other index is a side stream
 AMBIENT = 0
+#: the ``custom`` key ``sp.stream(k)`` writes next to ``"stream"`` under dynamo: which nodes an
+#: ``sp.stream`` block placed, as against a ``torch.Stream`` block (same ``"stream"`` key)
+SP_STREAM_KEY = "sp.stream"
 MAX_INDEX = 2**63 - 1  # the stream ops take SymInt: an int64
 
 

@@ -529,6 +529,43 @@ def test_sp_stream_indices_are_read_as_they_are():
     assert [r.indices for r in p.reports] == ["dynamo"] and p.reports[0].streams == [0, 1, 2]
 
 
+def sp0_inside_a_user_stream(x):
+    with S1:
+        a = x.sin()
+        with sp.stream(0):  # dynamo's index 0 on CPU: S1, the first object the function uses
+            b = x.cos()
+    return a + b
+
+
+def sp1_next_to_two_user_streams(x):
+    c = two_user_streams(x)
+    with sp.stream(1):  # dynamo's index 1: S2
+        d = x.tan()
+    return c * d
+
+
+def sp1_next_to_one_user_stream(x):
+    with S1:  # index 0
+        a = x.sin()
+    with sp.stream(1):  # index 1: no object of the function's there
+        b = x.cos()
+    return a + b
+
+
+@pytest.mark.parametrize("fn", [sp0_inside_a_user_stream, sp1_next_to_two_user_streams], ids=lambda f: f.__name__)
+def test_sp_stream_on_an_index_a_user_stream_holds_is_that_stream_and_warns(fn):
+    with pytest.warns(sp.StreamPassWarning, match=r"sp.stream\(\d\) is index \d of dynamo's object table, which holds this function's Stream"):
+        p, _ = compile_and_compare(fn, torch.randn(4))
+    (r,) = p.reports
+    n_user = 1 if fn is sp0_inside_a_user_stream else 2
+    assert r.streams == list(range(n_user + 1)) and not r.hazards_after  # one stream for both
+
+
+def test_sp_stream_next_to_user_streams_on_a_free_index_is_a_stream_of_its_own(recwarn):
+    p, _ = compile_and_compare(sp1_next_to_one_user_stream, torch.randn(4))
+    assert p.reports[0].streams == [0, 1, 2] and not [w for w in recwarn if w.category is sp.StreamPassWarning]
+
+
 # --------------------------------------------------------------------------------------------
 # Activation checkpointing: the backward recomputes stream work
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import torch.fx
 
 from streampass import ops
 from streampass.compat import registered_object
+from streampass.ops import SP_STREAM_KEY
 from streampass.transform.subgraphs import own_sync_body
 
 #: tracing context of a forward compile -> the offset its graphs were read with
@@ -118,3 +119,40 @@ def shift_indices(gm: torch.fx.GraphModule, by: int) -> None:
 
 def _shifted(args: tuple, positions: tuple[int, ...], by: int) -> tuple:
     return tuple(a + by if i in positions and type(a) is int else a for i, a in enumerate(args))
+
+
+def shared_indices(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, int, object]]:
+    """``(node, k, obj)`` for each node an ``sp.stream(k)`` block placed on an index that
+    dynamo's object table gives one of the function's own ``torch.Stream``/``torch.Event``
+    objects, ``obj``: both are index ``k``, so they are one stream (a torch.Stream block nested
+    inside the ``sp.stream`` block overrides it and is not counted). Index 0 on an accelerator
+    is dynamo's current stream, the ambient one ``sp.stream(0)`` means. Ask only while dynamo's
+    table holds the frame being compiled (a forward compile).
+
+    >>> import torch, streampass as sp
+    >>> from torch._dynamo import graph_bytecode_inputs as table
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> y = g.call_function(torch.ops.aten.sin.default, (x,)); y.meta["custom"] = {"stream": 1, "sp.stream": 1}
+    >>> _ = g.output((y,)); gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    >>> table.reset_user_object_tracking()
+    >>> shared_indices(gm)
+    []
+    >>> mine = [torch.Stream("cpu"), torch.Event("cpu")]  # a function's own objects: indices 0, 1
+    >>> for o in mine:
+    ...     _ = table.register_graph_created_object(o, lambda index, codegen: None)
+    >>> [(n.name, k, type(o).__name__) for n, k, o in shared_indices(gm)]
+    [('sin_default', 1, 'Event')]
+    >>> table.reset_user_object_tracking()
+    """
+    out = []
+    for node in gm.graph.nodes:
+        custom = node.meta.get("custom")
+        if not isinstance(custom, dict) or SP_STREAM_KEY not in custom:
+            continue
+        k = custom[SP_STREAM_KEY]
+        if custom.get("stream") != k or (k == 0 and torch.accelerator.is_available()):
+            continue
+        obj = registered_object(k)
+        if obj is not None:
+            out.append((node, k, obj))
+    return out
