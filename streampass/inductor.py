@@ -198,12 +198,16 @@ def _check_shared_indices(gm: torch.fx.GraphModule, device: torch.device) -> Non
     for node, k, obj in dynamo_indices.shared_indices(gm):
         first.setdefault(k, (node, obj))
     for k, (node, obj) in first.items():
-        where = f"sp.stream({k}) is index {k} of dynamo's object table, which holds this function's {type(obj).__name__}"
+        where = (
+            f"sp.stream({k}) is index {k} of dynamo's object table, which holds this function's {type(obj).__name__}"
+        )
         advice = "use one kind of stream in a function: torch.Stream objects or sp.stream(k) (docs/inductor.md, Known limits)"
         if _gpu(device) and not isinstance(obj, torch.Stream):
             raise StreamPassError(f"{where}: its kernels would be launched on an event; {advice}", node=node.name)
         warnings.warn(
-            StreamPassWarning(f"node {node.name!r}: {where}: the two run as one stream (no race, less overlap); {advice}"),
+            StreamPassWarning(
+                f"node {node.name!r}: {where}: the two run as one stream (no race, less overlap); {advice}"
+            ),
             stacklevel=2,
         )
 

@@ -16,9 +16,9 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass import compat, ops
 
-aten = torch.ops.aten
-
 from reference import compile_and_compare, job, planned_syncs
+
+aten = torch.ops.aten
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 
@@ -476,7 +476,11 @@ def test_a_graph_break_in_a_function_called_in_a_stream_block(block):
     with spi.enabled(spi.StreamPass(keep_graphs=True)) as p:
         torch.testing.assert_close(torch.compile(f)(x), f(x))
     side = [
-        [n.name for n, k in sp.read_streams(r.verified_graph).stream.items() if k == 1 and n.target in (aten.sin.default, aten.cos.default)]
+        [
+            n.name
+            for n, k in sp.read_streams(r.verified_graph).stream.items()
+            if k == 1 and n.target in (aten.sin.default, aten.cos.default)
+        ]
         for r in p.reports
         if r.verified_graph is not None
     ]
@@ -554,7 +558,10 @@ def sp1_next_to_one_user_stream(x):
 
 @pytest.mark.parametrize("fn", [sp0_inside_a_user_stream, sp1_next_to_two_user_streams], ids=lambda f: f.__name__)
 def test_sp_stream_on_an_index_a_user_stream_holds_is_that_stream_and_warns(fn):
-    with pytest.warns(sp.StreamPassWarning, match=r"sp.stream\(\d\) is index \d of dynamo's object table, which holds this function's Stream"):
+    with pytest.warns(
+        sp.StreamPassWarning,
+        match=r"sp.stream\(\d\) is index \d of dynamo's object table, which holds this function's Stream",
+    ):
         p, _ = compile_and_compare(fn, torch.randn(4))
     (r,) = p.reports
     n_user = 1 if fn is sp0_inside_a_user_stream else 2
