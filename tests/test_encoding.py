@@ -144,3 +144,40 @@ def test_a_sync_holds_only_the_last_work_of_its_stretch():
     # Every topological order the result allows is still race-free.
     for seed in range(20):
         assert sp.verify(random_topological_copy(gm, seed)).ok
+
+
+def _side_sin(x):
+    with sp.stream(1):
+        y = x.sin()
+    return y + x.cos()
+
+
+def test_a_sort_that_places_the_output_early_still_runs_every_sync():
+    """torch's legalize_graph places the output as soon as its inputs are placed; FX's code
+    returns there. The output reads one value through the ambient stream's last sync, so every
+    sync (exit joins, free-point waits) comes before it."""
+    from torch.fx.passes.tools_common import legalize_graph
+
+    x = torch.randn(4)
+    gm = make_fx(_side_sin)(x)
+    sp.run(gm)
+    legalize_graph(gm)
+    gm.recompile()
+    nodes = list(gm.graph.nodes)
+    after = nodes[[n.op for n in nodes].index("output") + 1 :]
+    assert not [n.name for n in after if ops.as_sync_call(n) is not None]
+    assert sp.verify(gm).ok and torch.equal(gm(x), _side_sin(x))
+    again = sp.run(gm)  # may re-encode the new order, but nothing is missing
+    assert again.ok and again.records_added == again.waits_added == 0
+
+
+def test_a_sync_after_the_output_is_refused():
+    """FX appends a node made after the output behind it, where it never runs."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(torch.ops.aten.sin.default, (x,)),))
+    g.call_function(ops.RECORD_EVENT, (1, 0))
+    before = [n.name for n in g.nodes]
+    with pytest.raises(sp.StreamPassError, match="'record_event_default': comes after the graph's output 'output'"):
+        sp.run(torch.fx.GraphModule(torch.nn.Module(), g))
+    assert [n.name for n in g.nodes] == before

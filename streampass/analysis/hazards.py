@@ -84,7 +84,7 @@ def keepalive_waits(dag: StreamDAG) -> dict[torch.fx.Node, list[torch.fx.Node]]:
     >>> gm = make_fx(f)(torch.ones(4))
     >>> _ = sp.run(gm)
     >>> {v.name: len(ws) for v, ws in keepalive_waits(sp.StreamDAG.from_graph(gm)).items()}
-    {'x_1': 1, 'sin': 2}
+    {'x_1': 1, 'sin': 2, 'add': 1}
     """
     a = dag.assignment
     out: dict[torch.fx.Node, list[torch.fx.Node]] = {}

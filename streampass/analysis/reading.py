@@ -168,6 +168,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     passthroughs: list[torch.fx.Node] = []
     maybe_sync = ops.STREAM_OP_IDS  # plus control_deps, tested below
     getitem, control_deps = operator.getitem, ops.CONTROL_DEPS
+    returned: torch.fx.Node | None = None  # the output, once passed: FX's code ends there
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
     for node in nodes:
@@ -181,6 +182,11 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         if op == "call_function" and (id(target) in maybe_sync or target is control_deps):
             call = ops.as_sync_call(node)
             if call is not None:
+                if returned is not None:
+                    raise StreamPassError(
+                        f"comes after the graph's output {returned.name!r}, so it never runs (a pass sorted "
+                        "the output before it)", node.name
+                    )  # fmt: skip
                 syncs[node] = call
                 root[node] = node
                 stream[node] = _sync_stream(call, regions, recorded, external)
@@ -191,6 +197,8 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         src = values.aliases_input(node) if op == "call_function" else None
         root[node] = root.get(src, src) if src is not None else node
         annotated = annotated_stream(node)
+        if op == "output":
+            returned = node
         if op in ("placeholder", "get_attr", "output"):
             stream[node] = AMBIENT  # inputs are ready on the ambient stream; outputs are returned there
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 
+import torch
 import torch.fx
 
 from streampass import ops
@@ -49,3 +50,35 @@ def last_work(work: list[Node], known: dict[Node, frozenset[Node]] | None = None
     if known is None:
         return [n for n in work if inside.isdisjoint(readers(n))]
     return [n for n in work if inside.isdisjoint(known[n])]
+
+
+def output_value_to_thread(out: Node, last: Node, index: dict[Node, int]) -> Node | None:
+    """The value the output should read through ``last``, the ambient stream's last sync, or
+    None if data already orders the output after ``last`` (or no tensor of the output is made
+    before it: ``index`` is the graph order).
+
+    The per-stream chains and the exit joins make every sync an ancestor of ``last``; reading
+    through it makes every sync an ancestor of the output. Otherwise a sort that places the
+    output as soon as its inputs are (``legalize_graph``) leaves the final joins and free-point
+    waits after FX's ``return``.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> y = g.call_function(torch.sin, (x,)); w = g.call_function(torch.cos, (x,)); out = g.output(y)
+    >>> order = {n: i for i, n in enumerate(g.nodes)}
+    >>> output_value_to_thread(out, w, order) is y  # w stands for the last sync: y is made before it
+    True
+    """
+    seen, todo = {out}, [out]
+    while todo:
+        for x in todo.pop().all_input_nodes:
+            if x is last:
+                return None
+            if x not in seen:
+                seen.add(x)
+                todo.append(x)
+    return next((x for x in out.all_input_nodes if index.get(x, len(index)) < index[last] and _tensor_like(x)), None)
+
+
+def _tensor_like(n: Node) -> bool:
+    val = n.meta.get("val")
+    return isinstance(val, torch.Tensor) or ("val" not in n.meta and n.op != "get_attr")

