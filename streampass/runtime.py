@@ -346,7 +346,9 @@ class _SerialInterpreter(torch.fx.Interpreter):
         from streampass import ops
 
         if ops.as_sync_call(n) is not None:
-            return None if n.target is not ops.CONTROL_DEPS else (None, *self.map_nodes_to_values(n.args[2:], n))
+            if n.target is not ops.CONTROL_DEPS:
+                return None
+            return (None, *self.map_nodes_to_values(tuple(ops.passthrough_values(n)), n))  # the op's result, then them
         if n.op == "call_method" and n.target in _SYNC_METHODS and n.args:
             # torch 2.11's dynamo graphs keep ``s.wait_stream(t)`` / ``s.synchronize()`` as
             # method calls on the objects, not stream ops
@@ -365,7 +367,13 @@ def run_serial(gm: torch.fx.GraphModule, *args):
     >>> import torch
     >>> from streampass.synthetic import random_stream_graph, random_inputs
     >>> gm = random_stream_graph(10, 2, style="fork_join")
-    >>> len(run_serial(gm, *random_inputs(gm)))
+    >>> x = random_inputs(gm)
+    >>> want = run_serial(gm, *[t.clone() for t in x])  # its ops may write their inputs
+    >>> len(want)
     3
+    >>> import streampass as sp
+    >>> _ = sp.run(gm)  # syncs in control_deps, values read through them
+    >>> all(torch.equal(a, b) for a, b in zip(run_serial(gm, *[t.clone() for t in x]), want))
+    True
     """
     return _SerialInterpreter(gm).run(*args)

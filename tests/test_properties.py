@@ -46,6 +46,8 @@ def test_run_is_race_free_under_any_order_and_equals_eager(gm, order_seed):
     assert unjoined(gm) == []  # capturable: no side stream issues anything after its last join
     got = gm(*[x.clone() for x in inputs])
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    serial = run_serial(gm, *[x.clone() for x in inputs])  # the reference reads through the syncs too
+    assert all(torch.equal(a, b) for a, b in zip(serial, expected))
     for k in range(25):
         shuffled = random_topological_copy(gm, order_seed * 31 + k)
         report = sp.verify(shuffled)
