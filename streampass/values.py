@@ -52,16 +52,54 @@ def _schema_facts(target: Any) -> _SchemaFacts:
     return facts
 
 
+_INPLACE_OPERATORS = frozenset(
+    {operator.iadd, operator.isub, operator.imul, operator.imatmul, operator.itruediv, operator.ifloordiv,
+     operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+)  # fmt: skip
+
+
+def _in_place_without_schema(node: torch.fx.Node) -> bool:
+    """Whether a node with no schema to say so writes its first argument, as ``symbolic_trace``
+    records in-place code: ``y.add_(1)`` (a method), ``torch.relu_(y)``, ``y += 1``
+    (``operator.iadd``), ``nn.ReLU(inplace=True)`` (a module). Name and ``inplace`` flag are all
+    there is to go on; a read taken for a write costs a wait, a missed write a race."""
+    if not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    if node.op == "call_method":
+        name = node.target
+    elif node.op == "call_function" and getattr(node.target, "_schema", None) is None:
+        if node.target in _INPLACE_OPERATORS:
+            return True
+        name = getattr(node.target, "__name__", "")
+    elif node.op == "call_module":
+        owner = node.graph.owning_module
+        try:
+            module = owner.get_submodule(node.target) if owner is not None else None
+        except AttributeError:
+            return False
+        return getattr(module, "inplace", False) is True
+    else:
+        return False
+    return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
+
+
 def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
-    """Positions of the arguments an op writes (from its schema's alias annotations).
+    """Positions of the arguments an op writes (from its schema's alias annotations; for a node
+    with no schema, its in-place name or module flag).
 
     >>> g = torch.fx.Graph(); x = g.placeholder("x")
     >>> mutated_arg_positions(g.call_function(torch.ops.aten.copy_.default, (x, x)))
     (0,)
+    >>> mutated_arg_positions(g.call_method("add_", (x, 1))), mutated_arg_positions(g.call_method("add", (x, 1)))
+    ((0,), ())
+    >>> mutated_arg_positions(g.call_function(operator.iadd, (x, 1)))  # dynamo's ``y += 1``
+    (0,)
     """
-    if node.op != "call_function":
-        return ()
-    return _schema_facts(node.target).writes
+    if node.op == "call_function":
+        writes = _schema_facts(node.target).writes
+        if writes or getattr(node.target, "_schema", None) is not None:
+            return writes
+    return (0,) if _in_place_without_schema(node) else ()
 
 
 def is_view(node: torch.fx.Node) -> bool:
@@ -89,7 +127,8 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
     True
     """
     if node.op != "call_function":
-        return None
+        # an in-place op with no schema returns what it wrote (``y.add_(1)`` is ``y``)
+        return node.args[0] if _in_place_without_schema(node) else None
     if node.target is operator.getitem:
         src = passthrough_source(node)
         if src is not None:
@@ -99,6 +138,8 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
         if isinstance(seq, torch.fx.Node) and seq.op == "call_function" and _schema_facts(seq.target).returns_alias:
             return seq
         return None
+    if getattr(node.target, "_schema", None) is None:
+        return node.args[0] if _in_place_without_schema(node) else None
     for i, name in _schema_facts(node.target).alias_args:
         arg = node.args[i] if i < len(node.args) else node.kwargs.get(name)
         if isinstance(arg, torch.fx.Node):

@@ -425,3 +425,47 @@ def test_a_reading_of_another_graph_is_refused_and_nothing_changes(traced):
     with pytest.raises(sp.StreamPassError, match="same external_events"):
         sp.run(gm, external_events=(7,), assignment=sp.read_streams(gm))
     assert gm.code == code
+
+
+class _InplaceRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = x.sin()
+        self.act(y)
+        return y.cos()
+
+
+def _method(x):
+    y = x.sin()
+    y.add_(1)
+    return y.cos()
+
+
+def _function(x):
+    y = x.sin()
+    torch.relu_(y)
+    return y.cos()
+
+
+@pytest.mark.parametrize("program", [_method, _function, _InplaceRelu()], ids=["method", "function", "module"])
+def test_in_place_calls_without_a_schema_are_writes(program):
+    """symbolic_trace keeps ``y.add_(1)``, ``torch.relu_(y)`` and ``nn.ReLU(inplace=True)`` as calls
+    with no schema: they write their first argument, and a later reader on another stream must
+    wait for the write."""
+    gm = torch.fx.symbolic_trace(program)
+    write = next(
+        n
+        for n in gm.graph.nodes
+        if n.op in ("call_method", "call_function", "call_module") and n.name not in ("sin", "cos")
+    )
+    write.meta["custom"] = {"stream": 1}
+    assert "waw" in {h.kind for h in sp.verify(gm).hazards}
+    x = torch.randn(4)
+    want = program(x)
+    assert sp.run(gm).ok
+    cos = next(n for n in gm.graph.nodes if n.name == "cos")
+    assert ops.passthrough_source(cos.args[0]) is not None  # reads y through a wait
+    torch.testing.assert_close(gm(x), want)

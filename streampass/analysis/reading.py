@@ -194,7 +194,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
                 if other is not None:
                     named.add(other)
                 continue
-        src = values.aliases_input(node) if op == "call_function" else None
+        src = values.aliases_input(node) if op in ("call_function", "call_method", "call_module") else None
         root[node] = root.get(src, src) if src is not None else node
         annotated = annotated_stream(node)
         if op == "output":

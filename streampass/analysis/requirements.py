@@ -85,8 +85,8 @@ def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
         return []
     out = []
     for i in values.mutated_arg_positions(node):
-        schema_arg = node.target._schema.arguments[i]
-        arg = node.args[i] if i < len(node.args) else node.kwargs.get(schema_arg.name)
+        schema = getattr(node.target, "_schema", None)  # none: symbolic_trace's in-place calls
+        arg = node.args[i] if i < len(node.args) else node.kwargs.get(schema.arguments[i].name if schema else "")
         for x in arg if isinstance(arg, (list, tuple)) else [arg]:
             if isinstance(x, torch.fx.Node) and a.root[x] not in out:
                 out.append(a.root[x])
