@@ -35,7 +35,7 @@ def stream(k: int):
     >>> [n.meta.get("custom", {}).get("stream") for n in gm.graph.nodes if n.op == "call_function"]
     [1, None]
     """
-    check_stream_index(k)
+    k = check_stream_index(k)  # a plain int, as the graph keeps it
     if torch.compiler.is_dynamo_compiling():
         # dynamo understands annotate() itself; a generator context manager would be inlined.
         # MARK tells this block's nodes from those of a torch.Stream block, whose index dynamo

@@ -32,14 +32,20 @@ MAX_INDEX = 2**63 - 1  # the stream ops take SymInt: an int64
 
 
 def check_stream_index(k: object, node: str | None = None) -> int:
-    """``k`` as a stream index, or a :class:`StreamPassError` saying why it is not one."""
+    """``k`` as a stream index (a plain int: an ``IntEnum`` member would be written into the
+    generated code by name), or a :class:`StreamPassError` saying why it is not one.
+
+    >>> import enum
+    >>> type(check_stream_index(enum.IntEnum("S", "SIDE").SIDE)) is int
+    True
+    """
     if isinstance(k, bool) or not isinstance(k, int):
         raise StreamPassError(f"stream index must be an int, got {k!r} ({type(k).__name__})", node)
     if k < 0:
         raise StreamPassError(f"stream index must be >= 0, got {k}", node)
     if k > MAX_INDEX:
         raise StreamPassError(f"stream index {k} does not fit in the int64 the stream ops take (max {MAX_INDEX})", node)
-    return k
+    return int(k)
 
 
 class _Absent:
