@@ -307,9 +307,10 @@ def enable(pass_: StreamPass | None = None, *, assign: str | None = None) -> Str
 def disable() -> None:
     """Undo :func:`enable`: functions first compiled after it get StreamPass only from an
     ``enabled()`` block or their own config; a function compiled while enabled keeps StreamPass
-    for its backward and its recompiles (a smaller last batch), as one compiled in a block does. The post-grad config goes back to what
-    it was before ``enable()`` if nothing changed it since; otherwise only the pass is taken out
-    of it. Code already compiled keeps its syncs. Does nothing when StreamPass is not enabled."""
+    for its backward and its recompiles (a smaller last batch), as one compiled in a block does.
+    The post-grad config goes back to what it was before ``enable()`` if nothing changed it
+    since; otherwise only the pass is taken out of it. Code already compiled keeps its syncs.
+    Does nothing when StreamPass is not enabled."""
     from torch._inductor import config
 
     global _enabled

@@ -62,9 +62,10 @@ def lower_for_cpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None 
     Streams move from ``custom["stream"]`` to ``meta["streampass_stream"]``; every stream op
     (plain or in ``control_deps``) becomes ``streampass.sync([x], op, int_args)``, ``x`` the
     graph's first tensor input (CPU streams run in program order: a sync orders nothing, and
-    an intermediate value as its argument would only be materialized for it), and readers of a ``control_deps`` passthrough read the value itself. ``assignment``: the
-    graph's reading if the caller has it (:attr:`RunResult.assignment`). Returns whether
-    anything changed (a graph without streams is left alone).
+    an intermediate value as its argument would only be materialized for it), and readers of
+    a ``control_deps`` passthrough read the value itself. ``assignment``: the graph's reading
+    if the caller has it (:attr:`RunResult.assignment`). Returns whether anything changed (a
+    graph without streams is left alone).
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -118,7 +119,7 @@ def _lower_for_cpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> bool
         # CPU streams run in program order, so a CPU sync needs no data dependencies, only a
         # tensor for inductor's device. An intermediate value would be materialized for it:
         # that costs fusions and, on torch 2.13, exposes an inductor misordering that loses an
-        # index_put_ (docs/inductor.md, "Known torch bugs").
+        # index_put_ (docs/inductor.md, "What inductor gets, CPU vs CUDA").
         deps = tensor_inputs[:1] or deps[:1]
         # A sync that orders nothing on CPU (no tensor anywhere) is dropped.
         if deps:
