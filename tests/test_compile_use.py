@@ -163,8 +163,8 @@ def masked_sum_on_two_streams(x, w):
 def test_a_cpu_sync_materializes_no_value_for_inductor():
     """x.grad was wrong here: the CPU syncs' arguments made inductor materialize the
     slice_scatter of x[:, :8]'s gradient, and torch 2.13 then ran the add that reads the
-    index_put_ of x[x > 0]'s gradient before that index_put_ (docs/inductor.md, "Known torch
-    bugs"). A CPU sync now takes only the graph's first input."""
+    index_put_ of x[x > 0]'s gradient before that index_put_ (docs/inductor.md, "What inductor
+    gets, CPU vs CUDA"). A CPU sync now takes only the graph's first input."""
     torch.manual_seed(0)
     p, ran = compile_and_compare(masked_sum_on_two_streams, torch.randn(8, 16), torch.randn(8, 16), training=True)
     assert [r.graph for r in p.reports] == ["forward", "backward"] and ran > 0
