@@ -9,8 +9,15 @@ import torch
 from torch.fx import traceback as fx_traceback
 
 from streampass.compat import inlined_only
+from streampass.errors import StreamPassError
 from streampass.ops import SP_STREAM_KEY as MARK
 from streampass.ops import check_stream_index
+from streampass.transform.plan import EVENT_BASE
+
+#: ``sp.stream(k)`` takes ``k`` below this: the indices above are streampass's own (the streams
+#: ``assign="auto"`` adds from ``EVENT_BASE // 2``, the events it allocates from ``EVENT_BASE``),
+#: and on an accelerator the run-time fallback answers an index from ``EVENT_BASE`` with an event.
+MAX_USER_STREAM = EVENT_BASE // 2 - 1
 
 
 @inlined_only
@@ -34,8 +41,16 @@ def stream(k: int):
     >>> gm = make_fx(f)(torch.ones(2))
     >>> [n.meta.get("custom", {}).get("stream") for n in gm.graph.nodes if n.op == "call_function"]
     [1, None]
+    >>> stream(2**20)
+    Traceback (most recent call last):
+      ...
+    streampass.errors.StreamPassError: sp.stream(1048576): indices above 524287 are streampass's own streams and events
     """
     k = check_stream_index(k)  # a plain int, as the graph keeps it
+    if k > MAX_USER_STREAM:
+        raise StreamPassError(
+            f"sp.stream({k}): indices above {MAX_USER_STREAM} are streampass's own streams and events"
+        )
     if torch.compiler.is_dynamo_compiling():
         # dynamo understands annotate() itself; a generator context manager would be inlined.
         # MARK tells this block's nodes from those of a torch.Stream block, whose index dynamo
