@@ -41,9 +41,9 @@ def random_topological_copy(gm: torch.fx.GraphModule, seed: int) -> torch.fx.Gra
     """A copy of ``gm`` with its nodes in a random legal order: data dependencies and the
     order of accesses to storage written in place are kept, nothing else.
 
-    Placeholders stay first. The output is placed as soon as its inputs are, if the draw says
-    so, with what is left after it, as a sort like ``legalize_graph`` may (FX's code returns
-    there: a sync after it never runs).
+    Placeholders stay first. The output is drawn like any node once its inputs are placed, so
+    it may come before nodes it does not depend on, as in ``legalize_graph``'s sort (FX's code
+    returns there: a sync after it never runs).
     """
     rng = random.Random(seed)
     nodes = list(gm.graph.nodes)
