@@ -2,11 +2,11 @@
 
 ``copy.deepcopy(gm.graph)`` copies every node and its metadata: about as slow as the whole
 pass on a large graph. The rewrite adds nodes and submodules, re-points existing nodes'
-``target``/``args``/``kwargs``, replaces entries of their ``meta`` and, last of all, erases
-fork/join nodes. So it is enough to remember, per node, those fields (``meta`` as a shallow
-copy), the node order and the submodule names; :meth:`Snapshot.restore` erases whatever node
-was added, brings back erased ones, puts every field and the order back and drops new
-submodules. That also undoes a buggy edit made through plain FX calls, which is what the
+``target``/``args``/``kwargs``, replaces entries of their ``meta``, drops a sync body it left
+unused and, last of all, erases fork/join nodes. So it is enough to remember, per node, those
+fields (``meta`` as a shallow copy), the node order and the submodules (by reference);
+:meth:`Snapshot.restore` erases whatever node was added, brings back erased ones, puts every
+field and the order back, drops new submodules and puts removed ones back. That also undoes a buggy edit made through plain FX calls, which is what the
 all-or-nothing guarantee is for.
 """
 
@@ -26,7 +26,7 @@ class Snapshot:
     gm: torch.fx.GraphModule
     graph: torch.fx.Graph
     nodes: list[tuple[torch.fx.Node, object, tuple, dict, dict]]
-    modules: frozenset[str]
+    modules: dict[str, torch.nn.Module | None]
 
     def restore(self) -> None:
         gm, graph = self.gm, self.graph
@@ -54,8 +54,11 @@ class Snapshot:
             if node.prev is not prev:
                 prev.append(node)
             prev = node
-        for name in set(gm._modules) - self.modules:
+        for name in set(gm._modules) - set(self.modules):
             delattr(gm, name)
+        for name, module in self.modules.items():  # a submodule the edit removed or replaced
+            if gm._modules.get(name) is not module:
+                gm._modules[name] = module
 
 
 def _unerase(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
@@ -87,7 +90,7 @@ def take(gm: torch.fx.GraphModule) -> Snapshot:
         gm,
         graph,
         [(n, n.target, n.args, n.kwargs, dict(n.meta)) for n in graph.nodes],
-        frozenset(gm._modules),
+        dict(gm._modules),
     )
 
 
@@ -108,6 +111,16 @@ def all_or_nothing(gm: torch.fx.GraphModule) -> Iterator[Snapshot]:
     ...     pass
     >>> [n.op for n in gm.graph.nodes]
     ['placeholder', 'output']
+    >>> gm.add_submodule("body", torch.nn.Identity())
+    True
+    >>> try:
+    ...     with all_or_nothing(gm):
+    ...         delattr(gm, "body")  # an edit that drops a subgraph it left unused
+    ...         raise ValueError("a check failed")
+    ... except ValueError:
+    ...     pass
+    >>> isinstance(gm.body, torch.nn.Identity)
+    True
     """
     saved = take(gm)
     try:
