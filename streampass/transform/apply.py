@@ -170,18 +170,8 @@ class _Editor:
         """Make the output read one value through ``last`` (:func:`encoding.output_value_to_thread`)."""
         out = next(iter(self.graph.find_nodes(op="output")), None)
         value = output_value_to_thread(out, last, index) if out is not None else None
-        if value is None:
-            return
-        call, old = ops.as_sync_call(last), last.args[1]
-        passthrough = [*ops.passthrough_values(last), value]
-        last.args = (tuple(last.args[0]), self._subgraph(call, len(passthrough)), *call.args, *passthrough)
-        if not old.users:  # the body it had, now another's or no one's
-            self.subgraphs = {k: g for k, g in self.subgraphs.items() if g is not old}
-            self.graph.erase_node(old)
-            delattr(self.gm, old.target)
-        self.edited.append(last)
-        self.changed = True
-        self._reroute(last, passthrough, [(out, value, value)])
+        if value is not None:
+            self._wrap(last, ops.as_sync_call(last), [], [value], [(out, value, value)])
 
     def _rewires(self, order: list[Node], index, gates) -> dict[Node, list[tuple[Node, Node]]]:
         """sync node -> the uses ``(user, input)`` to read through it (in the graph as it was
@@ -279,13 +269,17 @@ class _Editor:
             missing = [d for d in deps if d not in wrapped.args[0] and d is not wrapped]
             new_pass = [p for p in passthrough if p not in old_pass]
             if missing or new_pass:
-                all_pass = old_pass + new_pass
+                all_pass, old_body = old_pass + new_pass, wrapped.args[1]
                 wrapped.args = (
                     tuple(wrapped.args[0]) + tuple(missing),
                     self._subgraph(call, len(all_pass)),
                     *call.args,
                     *all_pass,
                 )
+                if _unused_body(old_body):  # the body it had served it alone: drop it
+                    self.subgraphs = {k: g for k, g in self.subgraphs.items() if g is not old_body}
+                    self.graph.erase_node(old_body)
+                    delattr(self.gm, old_body.target)
                 self.edited.append(wrapped)
                 self.changed = True
             self._reroute(wrapped, ops.passthrough_values(wrapped), rewires)
@@ -360,6 +354,12 @@ class _Editor:
                 )
         for node in self.switches:
             self.graph.erase_node(node)
+
+
+def _unused_body(body) -> bool:
+    """Whether ``body`` (a ``control_deps``' subgraph argument) is a ``get_attr`` of a top-level
+    submodule that nothing uses any more."""
+    return isinstance(body, Node) and body.op == "get_attr" and "." not in body.target and not body.users
 
 
 def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True) -> bool:
