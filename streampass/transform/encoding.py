@@ -68,15 +68,16 @@ def output_value_to_thread(out: Node, last: Node, index: dict[Node, int]) -> Nod
     >>> output_value_to_thread(out, w, order) is y  # w stands for the last sync: y is made before it
     True
     """
+    at = index[last]
     seen, todo = {out}, [out]
-    while todo:
+    while todo:  # only nodes after ``last`` in graph order can read it: the walk stays in the tail
         for x in todo.pop().all_input_nodes:
             if x is last:
                 return None
-            if x not in seen:
+            if x not in seen and index.get(x, len(index)) >= at:
                 seen.add(x)
                 todo.append(x)
-    return next((x for x in out.all_input_nodes if index.get(x, len(index)) < index[last] and _tensor_like(x)), None)
+    return next((x for x in out.all_input_nodes if index.get(x, len(index)) < at and _tensor_like(x)), None)
 
 
 def _tensor_like(n: Node) -> bool:
