@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from streampass.ops import passthrough_source
+from streampass.ops import CONTROL_DEPS, passthrough_source
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,29 @@ def _schema_facts(target: Any) -> _SchemaFacts:
     return facts
 
 
+# Python's operators that write their first argument: ``y += 1`` and ``y[i] = v`` (dynamo and
+# symbolic_trace record them so).
 _INPLACE_OPERATORS = frozenset(
     {operator.iadd, operator.isub, operator.imul, operator.imatmul, operator.itruediv, operator.ifloordiv,
-     operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+     operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+     operator.setitem}
 )  # fmt: skip
+
+# Calls with no schema (symbolic_trace's ``x.view(-1)``, ``torch.transpose(x, 0, 1)``) whose
+# result shares its first argument's storage: aten's view ops (metadata only), and the calls
+# that return a view whenever they can and copy otherwise (they stay work: the copy reads the
+# source where it runs). A view taken for a copy costs a wait; a copy taken for a view would
+# miss a write through it. Conversions (``.to``, ``.float()``) copy as soon as they change
+# anything and count as copies.
+_VIEW_NAMES = frozenset(
+    {"view", "view_as", "unflatten", "t", "transpose", "swapaxes", "swapdims", "permute", "movedim",
+     "moveaxis", "expand", "expand_as", "squeeze", "unsqueeze", "narrow", "select", "diagonal", "as_strided",
+     "detach", "unfold", "split", "split_with_sizes", "chunk", "tensor_split", "unbind", "view_as_real",
+     "view_as_complex", "real", "imag", "alias", "adjoint"}
+)  # fmt: skip
+_MAYBE_VIEW_NAMES = frozenset({"reshape", "reshape_as", "flatten", "contiguous"})
+# aten views whose schema carries no alias annotation
+_UNANNOTATED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
 
 
 def _in_place_without_schema(node: torch.fx.Node) -> bool:
@@ -103,16 +122,23 @@ def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
 
 
 def is_view(node: torch.fx.Node) -> bool:
-    """Whether ``node`` only makes a view (its schema returns an alias and writes nothing).
+    """Whether ``node`` only makes a view (its schema returns an alias and writes nothing; with
+    no schema, a call of one of aten's view ops by name, as ``symbolic_trace`` records them).
 
     >>> g = torch.fx.Graph(); x = g.placeholder("x")
     >>> [is_view(g.call_function(t, (x,))) for t in (torch.ops.aten.t.default, torch.ops.aten.sin.default)]
     [True, False]
     >>> is_view(g.call_function(torch.ops.aten.add_.Tensor, (x, x)))  # in place: writes
     False
+    >>> is_view(g.call_method("transpose", (x, 0, 1))), is_view(g.call_method("reshape", (x, -1)))  # may copy
+    (True, False)
     """
-    if node.op != "call_function":
-        return False
+    if node.target is operator.getitem:
+        return indexes_a_tensor(node) and not _advanced(node.args[1])
+    if node.op == "call_method" or getattr(node.target, "_schema", None) is None:
+        return _view_without_schema(node, maybe=False)
+    if node.target in _UNANNOTATED_VIEWS:
+        return True
     facts = _schema_facts(node.target)
     return facts.returns_alias and not facts.writes
 
@@ -126,25 +152,88 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
     >>> aliases_input(g.call_function(torch.ops.aten.sin.default, (x,))) is None
     True
     """
-    if node.op != "call_function":
+    if node.op != "call_function" or getattr(node.target, "_schema", None) is None:
+        if node.target is operator.getitem:
+            return _getitem_source(node)
         # an in-place op with no schema returns what it wrote (``y.add_(1)`` is ``y``)
-        return node.args[0] if _in_place_without_schema(node) else None
-    if node.target is operator.getitem:
-        src = passthrough_source(node)
-        if src is not None:
-            return src
-        # A chunk of split/unbind/chunk (`Tensor(a)[]`) is a view of what the list aliases.
-        seq = node.args[0]
-        if isinstance(seq, torch.fx.Node) and seq.op == "call_function" and _schema_facts(seq.target).returns_alias:
-            return seq
+        if _in_place_without_schema(node) or _view_without_schema(node):
+            return node.args[0]
         return None
-    if getattr(node.target, "_schema", None) is None:
-        return node.args[0] if _in_place_without_schema(node) else None
+    if node.target in _UNANNOTATED_VIEWS:
+        return node.args[0] if isinstance(node.args[0], torch.fx.Node) else None
     for i, name in _schema_facts(node.target).alias_args:
         arg = node.args[i] if i < len(node.args) else node.kwargs.get(name)
         if isinstance(arg, torch.fx.Node):
             return arg
     return None
+
+
+def _view_without_schema(node: torch.fx.Node, maybe: bool = True) -> bool:
+    """Whether a call with no schema returns a view of its first argument (``maybe``: or may)."""
+    if node.op == "call_method":
+        name = node.target
+    elif node.op == "call_function" and getattr(node.target, "__module__", None) in ("torch", "torch.functional"):
+        name = node.target.__name__
+    else:
+        return False
+    if not (node.args and isinstance(node.args[0], torch.fx.Node)):
+        return False
+    return name in _VIEW_NAMES or (maybe and name in _MAYBE_VIEW_NAMES)
+
+
+def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
+    """What a getitem's result is a view of: the value a ``control_deps`` passes through, the
+    list of views a chunk comes from, or the tensor a basic index (ints, slices, None, ...)
+    views; None for one result of a multi-output op and for advanced indexing (a copy)."""
+    src = passthrough_source(node)
+    if src is not None:
+        return src
+    seq = node.args[0]
+    if not isinstance(seq, torch.fx.Node):
+        return None
+    if indexes_a_tensor(node):
+        return None if _advanced(node.args[1]) else seq
+    # A chunk of split/unbind/chunk (`Tensor(a)[]`) is a view of what the list aliases.
+    if (seq.op == "call_function" and _schema_facts(seq.target).returns_alias) or _view_without_schema(seq):
+        return seq
+    return None
+
+
+def _advanced(index: Any) -> bool:
+    """Whether a tensor index gathers (a tensor, a list of indices): the result is a copy."""
+    if isinstance(index, tuple):
+        return any(_advanced(i) for i in index)
+    return isinstance(index, (torch.fx.Node, list, torch.Tensor))
+
+
+def indexes_a_tensor(node: torch.fx.Node) -> bool:
+    """Whether a getitem node indexes a tensor (``x[0]``, ``x[:, 1:]``, ``x[idx]``) rather than
+    picking one result of a multi-output op: from the source's metadata when it has any, else
+    from the index (only a tensor takes a slice or a tuple) and the source's kind.
+
+    >>> import torch
+    >>> gm = torch.fx.symbolic_trace(lambda x: (x[0], x[:, 1], x.split(2)[1]))
+    >>> [indexes_a_tensor(n) for n in gm.graph.nodes if n.target is operator.getitem]
+    [True, True, False]
+    """
+    if node.target is not operator.getitem or len(node.args) != 2:
+        return False
+    seq, index = node.args
+    if not isinstance(seq, torch.fx.Node) or seq.target is CONTROL_DEPS:
+        return False
+    val = seq.meta.get("val", seq.meta.get("example_value"))
+    if isinstance(val, torch.Tensor):
+        return True
+    if val is not None:
+        return False
+    if index is None or isinstance(index, (slice, tuple, type(Ellipsis), torch.fx.Node, list)):
+        return True
+    if seq.op in ("placeholder", "get_attr"):
+        return True
+    if seq.op == "call_function" and getattr(seq.target, "_schema", None) is not None:
+        returns = seq.target._schema.returns
+        return len(returns) == 1 and str(returns[0].type) == "Tensor"
+    return False
 
 
 def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:

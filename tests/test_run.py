@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 
 import pytest
 import torch
@@ -468,4 +469,100 @@ def test_in_place_calls_without_a_schema_are_writes(program):
     assert sp.run(gm).ok
     cos = next(n for n in gm.graph.nodes if n.name == "cos")
     assert ops.passthrough_source(cos.args[0]) is not None  # reads y through a wait
+    torch.testing.assert_close(gm(x), want)
+
+
+def _through_view(x):
+    x.view(-1).add_(1)
+    return x.sin()
+
+
+def _through_torch_transpose(x):
+    torch.transpose(x, 0, 1).mul_(2)
+    return x.sin()
+
+
+def _through_index(x):
+    x[0].add_(1)
+    return x.sin()
+
+
+def _through_slice(x):
+    x[:, 1:].add_(1)
+    return x.sin()
+
+
+def _through_split(x):
+    x.split(2)[1].add_(1)
+    return x.sin()
+
+
+@pytest.mark.parametrize(
+    "program",
+    [_through_view, _through_torch_transpose, _through_index, _through_slice, _through_split],
+    ids=["view", "torch.transpose", "index", "slice", "split"],
+)
+def test_writes_through_views_without_a_schema_write_the_source(program):
+    """symbolic_trace keeps views as calls with no schema (``x.view(-1)``, ``x[0]``, ``x[:, 1:]``,
+    a chunk of ``x.split``): a write through them on stream 1 writes ``x``, so the read of ``x``
+    on the ambient stream waits for it."""
+    gm = torch.fx.symbolic_trace(program)
+    sin = next(n for n in gm.graph.nodes if n.name == "sin")
+    for n in gm.graph.nodes:
+        if n.op in ("call_method", "call_function") and n is not sin:
+            n.meta["custom"] = {"stream": 1}
+    write = next(n for n in gm.graph.nodes if n.name.endswith("_"))
+    assert ("raw", (write.name, "sin")) in [(h.kind, h.nodes) for h in sp.verify(gm).hazards]
+    x = torch.randn(4, 4)
+    want = program(x.clone())
+    assert sp.run(gm).ok
+    assert sp.StreamDAG.from_graph(gm).happens_before(write.name, "sin")
+    torch.testing.assert_close(gm(x.clone()), want)
+
+
+def test_item_assignment_writes_the_tensor():
+    """Dynamo records ``x[0] = v`` as ``operator.setitem(x, 0, v)``: a write of ``x``."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    v = g.call_method("cos", (g.call_function(operator.getitem, (x, 1)),))
+    put = g.call_function(operator.setitem, (x, 0, v))
+    put.meta["custom"] = {"stream": 1}
+    g.output((g.call_method("sin", (x,)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert ("raw", (put.name, "sin")) in [(h.kind, h.nodes) for h in sp.verify(gm).hazards]
+    x = torch.randn(4, 4)
+    want = gm(x.clone())
+    assert sp.run(gm).ok
+    assert sp.StreamDAG.from_graph(gm).happens_before(put.name, "sin")
+    torch.testing.assert_close(gm(x.clone()), want)
+
+
+def test_a_gather_by_index_is_work_that_reads_its_source():
+    """``x[idx]`` copies (advanced indexing): a kernel that reads ``x`` where it runs, so it waits
+    for a write of ``x`` on another stream; ``x[0]`` is a view and launches nothing."""
+    gm = torch.fx.symbolic_trace(lambda x, idx: (x.add_(1), x[idx], x[0]))
+    a = sp.read_streams(gm)
+    gather, view = (n for n in gm.graph.nodes if n.target is operator.getitem)
+    assert gather in a.compute and view not in a.compute
+    assert a.root[view] is a.root[gather.args[0]] and a.root[gather] is gather
+    gather.meta["custom"] = {"stream": 1}
+    assert ("raw", ("add_", gather.name)) in [(h.kind, h.nodes) for h in sp.verify(gm).hazards]
+
+
+def test_unsafe_view_shares_its_source_storage():
+    """``aten._unsafe_view`` returns a view although its schema says nothing: a write through it
+    on stream 1 writes the source read on the ambient stream."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    base = g.call_function(aten.sin.default, (x,))
+    v = g.call_function(aten._unsafe_view.default, (base, [16]))
+    w = g.call_function(aten.add_.Tensor, (v, 1))
+    w.meta["custom"] = {"stream": 1}
+    r = g.call_function(aten.cos.default, (base,))
+    g.output((r, w))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    x = torch.randn(4, 4)
+    want = gm(x)
+    assert sp.run(gm).ok
+    assert sp.StreamDAG.from_graph(gm).happens_before(w.name, r.name)
     torch.testing.assert_close(gm(x), want)

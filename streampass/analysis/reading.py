@@ -208,12 +208,12 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
             stream[node] = regions[-1][0] if regions else AMBIENT
         if target is getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0].target is control_deps:
             passthroughs.append(node)  # an alias that only carries ordering: runs where its wrapper runs
-        elif target is getitem and isinstance(node.args[0], torch.fx.Node):
+        elif target is getitem and isinstance(node.args[0], torch.fx.Node) and not values.indexes_a_tensor(node):
             # One result of a multi-output op (or a chunk of a list of views): it launches
             # nothing, and the op's kernel is what writes it.
             if src is None:
                 producer[node] = producer.get(node.args[0], node.args[0])
-        elif op == "call_function" and values.is_view(node):
+        elif values.is_view(node):
             pass  # metadata only: its readers read the source's storage (root), nothing runs
         elif target is not control_deps:
             compute.append(node)
