@@ -325,3 +325,64 @@ def test_a_side_stream_wait_left_last_by_the_user_is_joined():
     assert [h.kind for h in report.hazards] == ["exit"] and "CUDA-graph capture" in report.hazards[0].message
     result = sp.run(gm, external_events=[EVENT_BASE + 99])
     assert result.ok and result.waits_added == 1 and unjoined(gm, external_events=[EVENT_BASE + 99]) == []
+
+
+def _malformed(kind: str) -> torch.fx.GraphModule:
+    """A small graph (sin on stream 1, read on the ambient stream) made malformed as ``kind`` says."""
+    g = torch.fx.Graph()
+    root = torch.nn.Module()
+    x = g.placeholder("x")
+    y = g.call_function(aten.sin.default, (x,), name="y")
+    y.meta["custom"] = {"stream": 1}
+    if kind in ("stream op arguments", "stream op keyword", "stream op extra"):
+        args, kwargs = {
+            "stream op arguments": (("cpu",), {}),
+            "stream op keyword": ((), {"device_type": "cpu", "device_index": 0, "bogus": 1}),
+            "stream op extra": (("cpu", 0, 5), {}),
+        }[kind]
+        g.call_function(ops.SYNC_DEVICE, args, kwargs, name="bad")
+    elif kind == "sync_dealloc of an int":
+        g.call_function(ops.RECORD_EVENT, (5, 1))
+        g.call_function(ops.SYNC_DEALLOC, (5, 1, 3), name="bad")
+    elif kind.startswith("control_deps"):
+        body = torch.fx.Graph()
+        v = body.placeholder("v")
+        body.output((body.call_function(aten.add_.Tensor, (v, 1)),))
+        root.add_module("body", torch.fx.GraphModule(torch.nn.Module(), body))
+        sub = g.get_attr("body")
+        args = {"control_deps of work": ((y,), sub, x), "control_deps without a tuple": (y, sub, x)}[kind]
+        g.call_function(ops.CONTROL_DEPS, args, name="bad")
+    z = g.call_function(aten.neg.default, (y,), name="z")
+    if kind != "no output":
+        g.output((z,))
+    if kind == "work after the output":
+        g.call_function(aten.cos.default, (y,), name="bad")
+    gm = torch.fx.GraphModule(root, g)
+    return gm
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("stream op arguments", "misses argument 'device_index'"),
+        ("stream op keyword", "has no argument 'bogus'"),
+        ("stream op extra", "takes 2 arguments, got 3"),
+        ("sync_dealloc of an int", "'to_dealloc' must be a tensor"),
+        ("control_deps of work", "control_deps runs aten.add_.Tensor"),
+        ("control_deps without a tuple", "dependencies must be a tuple"),
+        ("work after the output", "comes after the graph's output"),
+        ("no output", "no output node"),
+    ],
+)
+def test_malformed_graphs_are_refused_naming_the_node_and_left_unchanged(kind, message):
+    """Stream ops whose arguments do not fit their schema, ``control_deps`` that wraps work (its
+    reads and writes would go unseen) or is malformed, nodes after the output (they never run)
+    and a graph with no output: a StreamPassError naming the node, from ``verify`` and ``run``,
+    and the graph as it was (before, each was accepted and failed when called, or missed a race)."""
+    gm = _malformed(kind)
+    code, nodes = gm.code, [(n.name, n.target, n.args, n.kwargs) for n in gm.graph.nodes]
+    for check in (sp.verify, sp.run):
+        with pytest.raises(sp.StreamPassError, match=message) as info:
+            check(gm)
+        assert info.value.node == ("z" if kind == "no output" else "bad")
+        assert gm.code == code and [(n.name, n.target, n.args, n.kwargs) for n in gm.graph.nodes] == nodes

@@ -127,8 +127,11 @@ def named_stream(call: ops.SyncCall) -> int | None:
 def _op_stream(call: ops.SyncCall) -> int:
     """The stream a stream op is issued on, from its own arguments (validated)."""
     t, a = call.target, call.args
+    problem = ops.argument_problem(call)
+    if problem is not None:
+        raise StreamPassError(f"{call.name} {problem}", call.node.name)
     for i in ops.INDEX_ARGS[t]:
-        check_stream_index(a[i] if i < len(a) else None, call.node.name)
+        check_stream_index(a[i], call.node.name)
     if t in (ops.RECORD_EVENT, ops.WAIT_EVENT, ops.SYNC_DEALLOC, ops.RECORD_STREAM, ops.JOIN):
         return a[1]
     if t in (ops.WAIT_STREAM, ops.FORK):
@@ -172,6 +175,11 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
     for node in nodes:
+        if returned is not None:
+            raise StreamPassError(
+                f"comes after the graph's output {returned.name!r}, so it never runs (a pass sorted "
+                "the output before it)", node.name
+            )  # fmt: skip
         for inp in ops.input_nodes(node):
             if inp not in root:
                 raise StreamPassError(
@@ -180,13 +188,12 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         op = node.op
         target = node.target
         if op == "call_function" and (id(target) in maybe_sync or target is control_deps):
+            if target is control_deps:
+                problem = ops.control_deps_problem(node)
+                if problem is not None:
+                    raise StreamPassError(problem, node.name)
             call = ops.as_sync_call(node)
             if call is not None:
-                if returned is not None:
-                    raise StreamPassError(
-                        f"comes after the graph's output {returned.name!r}, so it never runs (a pass sorted "
-                        "the output before it)", node.name
-                    )  # fmt: skip
                 syncs[node] = call
                 root[node] = node
                 stream[node] = _sync_stream(call, regions, recorded, external)
@@ -218,6 +225,8 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         elif target is not control_deps:
             compute.append(node)
 
+    if nodes and returned is None:
+        raise StreamPassError("the graph has no output node: FX's code would return nothing", nodes[-1].name)
     if regions:
         s, fork_node = regions[-1]
         raise StreamPassError(f"fork to stream {s} is never joined", fork_node.name)
