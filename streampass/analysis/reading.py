@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from streampass import ops, values
+from streampass.analysis import wellformed
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT, MAX_INDEX, check_stream_index
 
@@ -127,7 +128,7 @@ def named_stream(call: ops.SyncCall) -> int | None:
 def _op_stream(call: ops.SyncCall) -> int:
     """The stream a stream op is issued on, from its own arguments (validated)."""
     t, a = call.target, call.args
-    problem = ops.argument_problem(call)
+    problem = wellformed.argument_problem(call)
     if problem is not None:
         raise StreamPassError(f"{call.name} {problem}", call.node.name)
     for i in ops.INDEX_ARGS[t]:
@@ -189,7 +190,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         target = node.target
         if op == "call_function" and (id(target) in maybe_sync or target is control_deps):
             if target is control_deps:
-                problem = ops.control_deps_problem(node)
+                problem = wellformed.control_deps_problem(node)
                 if problem is not None:
                     raise StreamPassError(problem, node.name)
             call = ops.as_sync_call(node)

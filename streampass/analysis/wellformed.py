@@ -1,0 +1,77 @@
+"""What makes a stream op or a ``control_deps`` node unreadable: arguments that do not fit the
+op's schema, a malformed wrapper, a wrapper around work. :func:`streampass.read_streams` refuses
+such nodes by name instead of reading them wrongly or failing when the graph runs."""
+
+from __future__ import annotations
+
+import torch.fx
+
+from streampass import ops
+
+
+def argument_problem(call: ops.SyncCall) -> str | None:
+    """What is wrong with a stream op's arguments against its schema (count, names, kinds), or
+    None. The stream and event indices themselves are checked by ``check_stream_index``.
+
+    >>> g = torch.fx.Graph()
+    >>> argument_problem(ops.as_sync_call(g.call_function(ops.SYNC_DEVICE, ("cpu",))))
+    "misses argument 'device_index': streams::synchronize_device(str device_type, SymInt device_index) -> ()"
+    >>> argument_problem(ops.as_sync_call(g.call_function(ops.RECORD_EVENT, (5, 1)))) is None
+    True
+    """
+    schema = call.target._schema
+    op = call.node if call.wrapper is None else _stream_op(ops.subgraph_module(call.wrapper))
+    names = [a.name for a in schema.arguments]
+    unknown = [k for k in op.kwargs if k not in names]
+    if unknown:
+        return f"has no argument {unknown[0]!r}: {schema}"
+    given = len(op.args) + len(op.kwargs)
+    if given > len(names) or any(k in names[: len(op.args)] for k in op.kwargs):
+        return f"takes {len(names)} arguments, got {given}: {schema}"
+    if len(call.args) < len(names):
+        return f"misses argument {names[len(call.args)]!r}: {schema}"
+    for a, v in zip(schema.arguments, call.args):
+        kind = str(a.type)
+        if kind == "Tensor" and not isinstance(v, torch.fx.Node):
+            return f"argument {a.name!r} must be a tensor, got {v!r}: {schema}"
+        if kind == "str" and not isinstance(v, str):
+            return f"argument {a.name!r} must be a str, got {v!r}: {schema}"
+        if kind in ("SymInt", "int") and (isinstance(v, bool) or not isinstance(v, int)):
+            return f"argument {a.name!r} must be an int, got {v!r}: {schema}"
+    return None
+
+
+def _stream_op(sub: torch.fx.GraphModule) -> torch.fx.Node:
+    return next(n for n in sub.graph.nodes if n.op == "call_function" and id(n.target) in ops.STREAM_OP_IDS)
+
+
+def control_deps_problem(node: torch.fx.Node) -> str | None:
+    """What keeps streampass from reading a ``control_deps`` node that performs no stream op, or
+    None if it does nothing on the device (a body with no call: it only orders). A body that
+    runs work (torch's ``preserve_node_ordering`` wraps collectives, and random ops under
+    ``fallback_random``) is refused rather than read as nothing: its reads and writes would go
+    unseen.
+
+    >>> g = torch.fx.Graph()
+    >>> control_deps_problem(g.call_function(ops.CONTROL_DEPS, ()))
+    'control_deps takes (dependencies, subgraph, *arguments), got 0 arguments'
+    """
+    args = node.args
+    if len(args) < 2:
+        return f"control_deps takes (dependencies, subgraph, *arguments), got {len(args)} arguments"
+    if not isinstance(args[0], (tuple, list)):
+        return f"control_deps' dependencies must be a tuple, got {args[0]!r}"
+    sub = ops.subgraph_module(node)
+    if sub is None:
+        return f"control_deps' subgraph {args[1]!r} is not a GraphModule of the graph's module"
+    if not any(n.op == "output" for n in sub.graph.nodes):
+        return "control_deps' subgraph has no output node"
+    calls = [n for n in sub.graph.nodes if n.op.startswith("call_")]
+    stream_ops = [n for n in calls if n.op == "call_function" and id(n.target) in ops.STREAM_OP_IDS]
+    work = [str(n.target) for n in calls if n not in stream_ops[:1]]
+    if work:
+        return (
+            f"control_deps runs {', '.join(work)}: streampass reads one stream op wrapped in control_deps, "
+            "not other work (run it before the pass that wraps them, e.g. preserve_node_ordering)"
+        )
+    return None
