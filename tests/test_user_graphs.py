@@ -386,3 +386,22 @@ def test_malformed_graphs_are_refused_naming_the_node_and_left_unchanged(kind, m
             check(gm)
         assert info.value.node == ("z" if kind == "no output" else "bad")
         assert gm.code == code and [(n.name, n.target, n.args, n.kwargs) for n in gm.graph.nodes] == nodes
+
+
+def test_a_refused_run_keeps_the_code_a_graph_was_not_yet_recompiled_to():
+    """A pipeline may edit a graph and recompile later: a run that refuses the edited graph puts
+    back the module's code as it was, not code regenerated from the graph."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(aten.sin.default, (x,))
+    y.meta["custom"] = {"stream": 1}
+    z = g.call_function(aten.neg.default, (y,))
+    g.output((z,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    with gm.graph.inserting_before(z):
+        gm.graph.call_function(ops.JOIN, (1, 0))  # a join with no fork, not yet in the code
+    code, forward, x = gm.code, type(gm).forward, torch.randn(3)
+    with pytest.raises(sp.StreamPassError, match="without a matching fork"):
+        sp.run(gm)
+    assert gm.code == code and type(gm).forward is forward
+    torch.testing.assert_close(gm(x), (-x.sin(),))

@@ -193,7 +193,6 @@ def _run(gm, external_events, check, bind_runtime, recompile, given=None) -> Run
         changed = edited or hoisted
     except Exception as e:
         saved.restore()
-        gm.recompile()
         if isinstance(e, StreamPassError):
             raise
         raise StreamPassError(f"internal error ({e!r}); the graph was restored") from e

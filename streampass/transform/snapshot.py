@@ -4,9 +4,11 @@
 pass on a large graph. The rewrite adds nodes and submodules, re-points existing nodes'
 ``target``/``args``/``kwargs``, replaces entries of their ``meta``, drops a sync body it left
 unused and, last of all, erases fork/join nodes. So it is enough to remember, per node, those
-fields (``meta`` as a shallow copy), the node order and the submodules (by reference);
-:meth:`Snapshot.restore` erases whatever node was added, brings back erased ones, puts every
-field and the order back, drops new submodules and puts removed ones back. That also undoes a buggy edit made through plain FX calls, which is what the
+fields (``meta`` as a shallow copy), the node order, the submodules (by reference) and the
+generated code; :meth:`Snapshot.restore` erases whatever node was added, brings back erased
+ones, puts every field and the order back, drops new submodules, puts removed ones back and
+puts the code back as it was (not regenerated: a graph edited and not yet recompiled keeps its
+old code). That also undoes a buggy edit made through plain FX calls, which is what the
 all-or-nothing guarantee is for.
 """
 
@@ -27,6 +29,7 @@ class Snapshot:
     graph: torch.fx.Graph
     nodes: list[tuple[torch.fx.Node, object, tuple, dict, dict]]
     modules: dict[str, torch.nn.Module | None]
+    code: dict[str, object]  # what recompile() sets: the code as it was, even if stale
 
     def restore(self) -> None:
         gm, graph = self.gm, self.graph
@@ -59,6 +62,22 @@ class Snapshot:
         for name, module in self.modules.items():  # a submodule the edit removed or replaced
             if gm._modules.get(name) is not module:
                 gm._modules[name] = module
+        # The code as it was, not regenerated: a graph edited and not yet recompiled keeps
+        # running what it ran before (each GraphModule has a class of its own for forward).
+        for name, value in self.code.items():
+            if name == "forward":
+                if value is not _ABSENT:
+                    type(gm).forward = value
+                elif "forward" in type(gm).__dict__:
+                    delattr(type(gm), "forward")
+            elif value is _ABSENT:
+                gm.__dict__.pop(name, None)
+            else:
+                gm.__dict__[name] = value
+
+
+_ABSENT = object()
+_CODE = ("_code", "_lineno_map", "_prologue_start", "_in_spec", "_out_spec")
 
 
 def _unerase(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
@@ -81,16 +100,19 @@ def take(gm: torch.fx.GraphModule) -> Snapshot:
     ...     extra = gm.graph.call_function(torch.neg, (add,))
     >>> _ = add.replace_all_uses_with(extra, lambda user: user is not extra)
     >>> _ = gm.recompile()
-    >>> snap.restore(); _ = gm.recompile()
+    >>> snap.restore()
     >>> gm.code == code
     True
     """
     graph = gm.graph
+    code = {name: gm.__dict__.get(name, _ABSENT) for name in _CODE}
+    code["forward"] = type(gm).__dict__.get("forward", _ABSENT)
     return Snapshot(
         gm,
         graph,
         [(n, n.target, n.args, n.kwargs, dict(n.meta)) for n in graph.nodes],
         dict(gm._modules),
+        code,
     )
 
 
@@ -127,5 +149,4 @@ def all_or_nothing(gm: torch.fx.GraphModule) -> Iterator[Snapshot]:
         yield saved
     except BaseException:
         saved.restore()
-        gm.recompile()
         raise
