@@ -405,3 +405,12 @@ def test_a_refused_run_keeps_the_code_a_graph_was_not_yet_recompiled_to():
         sp.run(gm)
     assert gm.code == code and type(gm).forward is forward
     torch.testing.assert_close(gm(x), (-x.sin(),))
+
+
+@pytest.mark.parametrize("events", [5, "5", 1.5])
+def test_external_events_that_are_not_a_list_of_indices_are_refused(events):
+    gm = make_fx(WithParam())(torch.randn(2, 4))
+    for check in (sp.verify, sp.run, sp.read_streams):
+        with pytest.raises(sp.StreamPassError, match="external_events must be an iterable"):
+            check(gm, external_events=events)
+    assert sp.run(gm, external_events=None).ok  # None: no external event

@@ -140,6 +140,23 @@ def _op_stream(call: ops.SyncCall) -> int:
     return AMBIENT  # synchronize_*: host-side barriers, issued from the ambient stream's thread
 
 
+def event_indices(external_events: Iterable[int]) -> frozenset[int]:
+    """``external_events`` checked: an iterable of event indices (None: none).
+
+    >>> sorted(event_indices([3, 2])), event_indices(None)
+    ([2, 3], frozenset())
+    >>> event_indices(5)
+    Traceback (most recent call last):
+    ...
+    streampass.errors.StreamPassError: external_events must be an iterable of event indices, got 5
+    """
+    if external_events is None:
+        return frozenset()
+    if isinstance(external_events, (str, bytes)) or not isinstance(external_events, Iterable):
+        raise StreamPassError(f"external_events must be an iterable of event indices, got {external_events!r}")
+    return frozenset(check_stream_index(e) for e in external_events)
+
+
 def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()) -> StreamAssignment:
     """Read the stream of every node of ``g``.
 
@@ -158,7 +175,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     ([0, 2], [('mul', 2)])
     """
     graph = _graph_of(g)
-    external = frozenset(check_stream_index(e) for e in external_events)
+    external = event_indices(external_events)
     nodes = list(graph.nodes)
     stream: dict[torch.fx.Node, int] = {}
     syncs: dict[torch.fx.Node, ops.SyncCall] = {}

@@ -13,7 +13,7 @@ import torch.fx
 from streampass import runtime
 from streampass.analysis.dag import StreamDAG
 from streampass.analysis.hazards import find_hazards
-from streampass.analysis.reading import StreamAssignment, read_streams
+from streampass.analysis.reading import StreamAssignment, event_indices, read_streams
 from streampass.analysis.requirements import exit_joins, requirements
 from streampass.analysis.verify import Report
 from streampass.errors import StreamPassError
@@ -178,8 +178,8 @@ def attributes_to_hoist(nodes: list[torch.fx.Node]) -> tuple[list[torch.fx.Node]
 
 
 def _run(gm, external_events, check, bind_runtime, recompile, given=None) -> RunResult:
-    external_events = tuple(external_events)
-    if given is not None and (given.graph is not gm.graph or tuple(given.external_events) != external_events):
+    external_events = tuple(sorted(event_indices(external_events)))
+    if given is not None and (given.graph is not gm.graph or given.external_events != frozenset(external_events)):
         raise StreamPassError("run(assignment=...) must be read_streams of this graph with the same external_events")
     saved = snapshot.take(gm)
     try:
