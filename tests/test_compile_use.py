@@ -171,6 +171,43 @@ def test_a_cpu_sync_materializes_no_value_for_inductor():
     assert all(r.lowering == "cpu" and r.streams == [0, 1, 2] for r in p.reports)
 
 
+S1, S2 = torch.Stream("cpu"), torch.Stream("cpu")
+
+
+def index_put_on_two_streams(a, b, c):
+    a, b, c = a * 1, b * 1, c * 1
+    with S2:
+        t1 = c.index_put((torch.tensor([0, 2]),), a[1:3] * 2)
+        t2 = (b @ t1.t()) @ b * 0.1
+    with S1:
+        t3 = c - a
+    return t3, t2, t1, t1.t()
+
+
+def test_a_cpu_sync_takes_a_tensor_no_kernel_reads():
+    """c.grad was wrong here (rows 0 and 2 not zeroed) with a CPU sync that took the backward's
+    first input: torch 2.13 inductor then ran the loop reading the index_put's result before the
+    one zero-filling its buffer, as in the test above. Every CPU sync now takes an empty tensor
+    made for it at entry (a random-program probe found this one, 1 in 720)."""
+    torch.manual_seed(0)
+    base = [torch.randn(4, 6) for _ in range(3)]
+
+    def forward(fn):
+        inputs = [t.clone().requires_grad_() for t in base]
+        return inputs, sum((o * (i + 1)).sum() for i, o in enumerate(fn(*inputs)))  # the loss, outside
+
+    eager, loss = forward(index_put_on_two_streams)
+    loss.backward()
+    p = spi.StreamPass(keep_graphs=True)
+    with spi.enabled(p):
+        compiled, loss = forward(torch.compile(index_put_on_two_streams))
+    loss.backward()  # after the block, as a training loop does
+    for g, w in zip([t.grad for t in compiled], [t.grad for t in eager]):
+        torch.testing.assert_close(g, w)
+    assert [r.graph for r in p.reports] == ["forward", "backward"]
+    assert all(r.lowering == "cpu" and sp.verify(r.verified_graph).ok for r in p.reports)
+
+
 def test_backward_outside_leaves_other_compiles_alone():
     """After the block, a function compiled for the first time gets no StreamPass."""
     p = spi.StreamPass()

@@ -4,8 +4,8 @@ only its encoding changes). Each is all or nothing: on any failure the graph is 
 * :func:`lower_for_gpu`: the graph keeps its ``custom.stream`` annotations and its
   ``control_deps`` syncs, each with its own subgraph and a non-empty dependency tuple.
 * :func:`lower_for_cpu`: streams move to ``node.meta["streampass_stream"]`` and every sync
-  becomes ``torch.ops.streampass.sync([first_tensor_input], op, int_args)``, a no-op counted in
-  :data:`RUNTIME_SYNCS`.
+  becomes ``torch.ops.streampass.sync([anchor], op, int_args)``, a no-op counted in
+  :data:`RUNTIME_SYNCS`; ``anchor`` is an empty tensor made for the syncs after the inputs.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ STREAM_KEY = "streampass_stream"  # where CPU graphs keep a node's stream for in
 def sync(deps: list[torch.Tensor], op: str, args: list[int]) -> None:
     """A sync point of a CPU graph: ``op(*args)`` of ``torch.ops.streams``, a no-op on CPU.
 
-    ``deps`` only give inductor the call's device (:func:`lower_for_cpu` passes the graph's
-    first tensor input); the call is counted in :data:`RUNTIME_SYNCS`.
+    ``deps`` only give inductor the call's device (:func:`lower_for_cpu` passes an empty
+    tensor made for the syncs); the call is counted in :data:`RUNTIME_SYNCS`.
     """
     RUNTIME_SYNCS[op] += 1
 
@@ -60,9 +60,10 @@ def lower_for_cpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None 
     """Make a graph :func:`streampass.run` left compilable by inductor's CPU backend.
 
     Streams move from ``custom["stream"]`` to ``meta["streampass_stream"]``; every stream op
-    (plain or in ``control_deps``) becomes ``streampass.sync([x], op, int_args)``, ``x`` the
-    graph's first tensor input (CPU streams run in program order: a sync orders nothing, and
-    an intermediate value as its argument would only be materialized for it), and readers of
+    (plain or in ``control_deps``) becomes ``streampass.sync([anchor], op, int_args)``,
+    ``anchor`` an empty tensor made after the inputs that no kernel reads (CPU streams run in
+    program order: a sync orders nothing, and a tensor a kernel uses would change inductor's
+    schedule), and readers of
     a ``control_deps`` passthrough read the value itself. ``assignment``: the graph's reading
     if the caller has it (:attr:`RunResult.assignment`). Returns whether anything changed (a
     graph without streams is left alone).
@@ -79,8 +80,8 @@ def lower_for_cpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None 
     >>> lower_for_cpu(gm), lower_for_cpu(gm)  # the second call finds nothing to change
     (True, False)
     >>> syncs = [n for n in gm.graph.nodes if n.target is SYNC]
-    >>> {d.name for n in syncs for d in n.args[0]}
-    {'x_1'}
+    >>> {d.target for n in syncs for d in n.args[0]}  # one empty tensor, read by no kernel
+    {<OpOverload(op='aten.empty', overload='memory_format')>}
     >>> [n.args[1] for n in syncs]
     ['record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event', 'record_event', 'wait_event']
     >>> [n.name for n in gm.graph.nodes if n.meta.get(STREAM_KEY) == 1 and n.target is not SYNC]
@@ -100,6 +101,7 @@ def _lower_for_cpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> bool
     changed = False
     a = a if a is not None else read_streams(gm, runtime.state(gm)["external_events"])
     tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
+    anchor = None
     for node in list(graph.nodes):
         call = a.syncs.get(node)
         if call is None:
@@ -117,10 +119,14 @@ def _lower_for_cpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> bool
             deps = [x for x in call.args if _is_tensor_node(x)]
             ints = [x for x in call.args if isinstance(x, int)]
         # CPU streams run in program order, so a CPU sync needs no data dependencies, only a
-        # tensor for inductor's device. An intermediate value would be materialized for it:
-        # that costs fusions and, on torch 2.13, exposes an inductor misordering that loses an
-        # index_put_ (docs/inductor.md, "What inductor gets, CPU vs CUDA").
-        deps = tensor_inputs[:1] or deps[:1]
+        # tensor for inductor's device. Any tensor a kernel uses changes inductor's schedule:
+        # an intermediate value is materialized for it (fusions lost), and on torch 2.13 an
+        # intermediate or a graph input both exposed an inductor misordering that loses an
+        # index_put_ (docs/inductor.md, "What inductor gets, CPU vs CUDA"). So every sync takes
+        # one empty tensor made for them.
+        if anchor is None and (tensor_inputs or deps):
+            anchor = _anchor(graph, (tensor_inputs or deps)[0])
+        deps = [anchor] if anchor is not None else []
         # A sync that orders nothing on CPU (no tensor anywhere) is dropped.
         if deps:
             with graph.inserting_before(node):
@@ -154,6 +160,21 @@ def _lower_for_cpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> bool
         graph.lint()
         gm.recompile()
     return changed
+
+
+def _anchor(graph: torch.fx.Graph, like: torch.fx.Node) -> torch.fx.Node:
+    """An empty tensor on ``like``'s device, made right after the inputs: what every CPU sync
+    takes for its device. No kernel reads it, so no schedule depends on it."""
+    val = like.meta["val"]
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    where = graph.inserting_after(inputs[-1]) if inputs else graph.inserting_before(next(iter(graph.nodes)))
+    with where:
+        node = graph.call_function(
+            torch.ops.aten.empty.memory_format, ([0],), {"dtype": val.dtype, "device": val.device}
+        )
+    node.meta["val"] = val.new_empty((0,))
+    node.meta["streampass"] = "sync anchor"
+    return node
 
 
 def lower_for_gpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None = None) -> None:
