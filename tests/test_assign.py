@@ -483,3 +483,126 @@ def test_fused_cost_pays_for_storage_a_member_writes_in_place():
     (group,) = fusion_groups(a)
     assert [g.name for g in group] == ["exp", "mul_"]
     assert fused_cost(a, [group], base).node_time(group[-1]) == base.kernel_time(0, 2 * 4 * n, torch.float32)
+
+
+def _two_branches() -> torch.fx.GraphModule:
+    m = torch.empty(1024, 1024, device="meta")
+    return make_fx(lambda x, w: (x @ w).relu() + (x @ w.t()).sigmoid())(m, m)
+
+
+def _as_written(gm: torch.fx.GraphModule):
+    return gm.code, [(n.name, n.op, n.target, n.args, n.meta.get("custom")) for n in gm.graph.nodes]
+
+
+BAD_ARGUMENTS = {
+    "max_streams=0": (dict(max_streams=0), r"max_streams must be an int >= 1 .*got 0"),
+    "max_streams=-1": (dict(max_streams=-1), r"max_streams must be an int >= 1 .*got -1"),
+    "max_streams=None": (dict(max_streams=None), r"max_streams must be an int >= 1 .*got None \(NoneType\)"),
+    "max_streams=1.5": (dict(max_streams=1.5), r"max_streams must be an int >= 1 .*got 1\.5 \(float\)"),
+    "max_streams=True": (dict(max_streams=True), r"max_streams must be an int >= 1 .*got True \(bool\)"),
+    "cost='nosuch'": (
+        dict(cost="nosuch"),
+        r"cost must be a device profile name \(a100, cpu, h100, h200\).*got 'nosuch'",
+    ),
+    "cost=''": (dict(cost=""), r"cost must be a device profile name .*got ''$"),
+    "cost=5": (dict(cost=5), r"cost must be .*got 5 \(int\)"),
+    "memory_budget='x'": (dict(memory_budget="x"), r"memory_budget must be None .* >= 0, got 'x' \(str\)"),
+    "memory_budget=-1": (dict(memory_budget=-1), r"memory_budget must be .*got -1 \(int\)"),
+    "memory_budget=nan": (dict(memory_budget=float("nan")), r"memory_budget must be .*got nan \(float\)"),
+    "memory_budget=True": (dict(memory_budget=True), r"memory_budget must be .*got True \(bool\)"),
+    "side_streams=5": (dict(side_streams=5), r"side_streams must be None or an iterable .*got 5 \(int\)"),
+    "side_streams='12'": (dict(side_streams="12"), r"side_streams must be None or an iterable .*got '12' \(str\)"),
+    "side_streams=['a']": (dict(side_streams=["a"]), r"side_streams: stream index must be an int, got 'a'"),
+    "side_streams=[-3]": (dict(side_streams=[-3]), r"side_streams: stream index must be >= 0, got -3"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS)
+def test_assign_streams_refuses_bad_arguments_naming_them_and_edits_nothing(case):
+    gm = _two_branches()
+    before = _as_written(gm)
+    kwargs, says = BAD_ARGUMENTS[case]
+    with pytest.raises(sp.StreamPassError, match=says):
+        sp.assign_streams(gm, **kwargs)
+    assert _as_written(gm) == before
+
+
+@pytest.mark.parametrize("graph", [None, "graph", 3])
+def test_assign_streams_refuses_what_is_not_a_graph_module(graph):
+    gm = _two_branches()
+    arg = gm.graph if graph == "graph" else graph
+    hint = r" \(pass its owning_module\)" if graph == "graph" else ""
+    with pytest.raises(sp.StreamPassError, match=rf"takes a torch.fx.GraphModule, got {type(arg).__name__}{hint}$"):
+        sp.assign_streams(arg)
+
+
+def test_assign_streams_takes_every_documented_argument_form():
+    import numpy as np
+
+    from streampass.sim.cost import PROFILES
+
+    gm = _two_branches()
+    default = sp.assign_streams(gm)
+    assert default.used == [0, 1]
+    for cost in (None, "h100", PROFILES["h100"], CostModel("h100")):
+        assert sp.assign_streams(gm, cost).streams == default.streams, cost
+    for max_streams in (2, np.int64(2), 10**9):
+        assert sp.assign_streams(gm, max_streams=max_streams).streams == default.streams, max_streams
+    assert sp.assign_streams(gm, max_streams=1).used == [0]
+    for budget in (None, float("inf"), 10**12, np.float64(1e12)):
+        assert sp.assign_streams(gm, memory_budget=budget).streams == default.streams, budget
+    # a budget nothing fits: the least memory is chosen, and the note says so
+    assert "no candidate fits memory_budget=0" in sp.assign_streams(gm, memory_budget=0).note
+    assert sp.assign_streams(gm, side_streams=(7, 8)).used == [0, 7]
+    assert sp.assign_streams(gm, side_streams=iter([9])).used == [0, 9]
+
+
+def _three_fixed_one_free() -> torch.fx.GraphModule:
+    def f(x, w):
+        with sp.stream(1):
+            a = x @ w
+        with sp.stream(2):
+            b = x @ w.t()
+        with sp.stream(3):
+            d = x.t() @ w.t()
+        return a, b, x.t() @ w, d
+
+    m = torch.empty(1024, 1024, device="meta")
+    return make_fx(f)(m, m)
+
+
+@pytest.mark.parametrize("build", [_two_branches, _three_fixed_one_free])
+def test_a_huge_max_streams_builds_one_slot_per_compute_node_at_most_and_changes_no_choice(build):
+    from streampass.assign.candidates import stream_slots
+
+    gm = build()
+    a = sp.read_streams(gm)
+    # one side stream per compute node at most: 10**9 used to build 10**9 slots (out of memory)
+    assert len(stream_slots(a, 10**6)) == len(a.compute) + 1
+    assert len(stream_slots(a, 10**6, side_streams=range(100, 10**12))) == len(a.compute) + 1
+    enough = sp.assign_streams(gm, max_streams=len(a.compute) + 1)
+    huge = sp.assign_streams(gm, max_streams=10**9)
+    for e, h in itertools.zip_longest(enough.candidates, huge.candidates):
+        assert (e.name, e.streams, e.makespan, e.waits) == (h.name, h.streams, h.makespan, h.waits)
+    assert huge.streams == enough.streams
+
+
+def test_fixed_chains_take_slots_too_so_the_cap_counts_every_compute_node():
+    # Nimble's chain cover hands a slot to every chain, the fixed ones included (their streams
+    # are put back afterwards): with one slot per *free* node, the free chain would move.
+    from streampass.assign.candidates import chain_cover, stream_slots
+    from streampass.assign.dag import work_graph
+
+    a = sp.read_streams(_three_fixed_one_free())
+    w = work_graph(a, CostModel("h100"))
+    assert len(w.free) == 1 and len(w.fixed) == 3
+    placed = [chain_cover(w, stream_slots(a, n))[0] for n in (4, 10**9)]
+    assert [{n.name: s for n, s in p.items()} for p in placed] == [{"mm": 1, "mm_1": 2, "mm_2": 3, "mm_3": 6}] * 2
+    assert stream_slots(a, 10**9) == [0, 4, 5, 6, 7]
+
+
+def test_side_streams_listed_twice_are_one_slot():
+    from streampass.assign.candidates import stream_slots
+
+    a = sp.read_streams(_two_branches())
+    assert stream_slots(a, 4, side_streams=[5, 5, 6, 5, 7]) == [0, 5, 6, 7]

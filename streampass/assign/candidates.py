@@ -11,6 +11,8 @@ benchmarks/assign.py are the plain ones (:func:`chain_cover`, :func:`round_robin
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 from collections.abc import Iterable
 
 import networkx as nx
@@ -18,7 +20,9 @@ import torch.fx
 
 from streampass.analysis.reading import StreamAssignment
 from streampass.assign.dag import WorkGraph
+from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT, check_stream_index
+from streampass.sim.cost import PROFILES, CostModel, DeviceProfile
 
 Node = torch.fx.Node
 Candidate = tuple[dict[Node, int], dict[Node, str]]
@@ -27,22 +31,87 @@ Candidate = tuple[dict[Node, int], dict[Node, str]]
 def stream_slots(a: StreamAssignment, max_streams: int, side_streams: Iterable[int] | None = None) -> list[int]:
     """The ambient stream and ``max_streams - 1`` side streams no node or event of the graph uses,
     taken from ``side_streams`` in order if given (a compiler that knows which indices are free
-    at run time), else the smallest free indices.
+    at run time), else the smallest free indices. At most one side stream per compute node of
+    the graph: no candidate puts a branch, a chain or a node on more (a larger ``max_streams``
+    changes no choice, and costs neither time nor memory).
 
     >>> import torch, streampass as sp
-    >>> a = sp.read_streams(torch.fx.symbolic_trace(lambda x: x + 1))
-    >>> stream_slots(a, 3), stream_slots(a, 3, side_streams=[7, 8, 9])
-    ([0, 1, 2], [0, 7, 8])
+    >>> a = sp.read_streams(torch.fx.symbolic_trace(lambda x: (x + 1) * 2))
+    >>> stream_slots(a, 3), stream_slots(a, 3, side_streams=[7, 8, 9]), stream_slots(a, 10**9)
+    ([0, 1, 2], [0, 7, 8], [0, 1, 2])
     """
     used = set(a.streams) | a.events()
     out = [AMBIENT]
+    most = max(1, min(max_streams, len(a.compute) + 1))
     pool = side_streams if side_streams is not None else itertools.count(1)
     for k in pool:
-        if len(out) >= max(1, max_streams):
+        if len(out) >= most:
             break
         if k not in used:
-            out.append(check_stream_index(k))
+            try:
+                out.append(check_stream_index(k))
+            except StreamPassError as e:
+                raise StreamPassError(f"side_streams: {e}") from None
+            used.add(k)  # listed twice: one slot
     return out
+
+
+def check_request(
+    gm: object, cost: object, max_streams: object, memory_budget: object, side_streams: object
+) -> CostModel:
+    """The cost model :func:`~streampass.assign.choose.assign_streams` prices with, once its
+    arguments are checked: a :class:`~streampass.errors.StreamPassError` names the first one
+    that is not what it takes.
+
+    >>> check_request(torch.fx.symbolic_trace(lambda x: x), "a100", 2, None, None).profile.name
+    'a100'
+    >>> check_request(torch.fx.symbolic_trace(lambda x: x), "h100", 0, None, None)
+    Traceback (most recent call last):
+    streampass.errors.StreamPassError: max_streams must be an int >= 1 (the ambient stream included), got 0
+    """
+    if not isinstance(gm, torch.fx.GraphModule):
+        hint = " (pass its owning_module)" if isinstance(gm, torch.fx.Graph) else ""
+        raise StreamPassError(f"assign_streams takes a torch.fx.GraphModule, got {type(gm).__name__}{hint}")
+    check_max_streams(max_streams)
+    if memory_budget is not None and (
+        isinstance(memory_budget, bool)
+        or not isinstance(memory_budget, numbers.Real)
+        or math.isnan(memory_budget)
+        or memory_budget < 0
+    ):
+        raise StreamPassError(
+            f"memory_budget must be None (no budget) or a number of bytes >= 0, got {memory_budget!r} "
+            f"({type(memory_budget).__name__})"
+        )
+    if side_streams is not None and (isinstance(side_streams, (str, bytes)) or not isinstance(side_streams, Iterable)):
+        raise StreamPassError(
+            f"side_streams must be None or an iterable of stream indices (ints >= 1), got {side_streams!r} "
+            f"({type(side_streams).__name__})"
+        )
+    return cost_model(cost)
+
+
+def check_max_streams(max_streams: object) -> None:
+    """A StreamPassError unless ``max_streams`` is an int >= 1 (not a bool)."""
+    if isinstance(max_streams, bool) or not isinstance(max_streams, numbers.Integral) or max_streams < 1:
+        raise StreamPassError(
+            f"max_streams must be an int >= 1 (the ambient stream included), got {max_streams!r}"
+            + ("" if type(max_streams) is int else f" ({type(max_streams).__name__})")
+        )
+
+
+def cost_model(cost: object) -> CostModel:
+    """The cost model ``cost`` names: a CostModel, a DeviceProfile, a profile name, or None (h100)."""
+    if isinstance(cost, CostModel):
+        return cost
+    if cost is None:
+        return CostModel("h100")
+    if isinstance(cost, DeviceProfile) or (isinstance(cost, str) and cost in PROFILES):
+        return CostModel(cost)
+    raise StreamPassError(
+        f"cost must be a device profile name ({', '.join(sorted(PROFILES))}), a DeviceProfile, a CostModel "
+        f"or None (h100), got {cost!r}" + ("" if isinstance(cost, str) else f" ({type(cost).__name__})")
+    )
 
 
 def _with_fixed(w: WorkGraph, streams: dict[Node, int]) -> dict[Node, int]:

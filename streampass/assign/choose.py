@@ -142,14 +142,6 @@ class StreamChoice:
         )
 
 
-def _model(cost) -> CostModel:
-    if isinstance(cost, CostModel):
-        return cost
-    if cost is None or isinstance(cost, (str, DeviceProfile)):
-        return CostModel(cost or "h100")
-    raise TypeError(f"cost must be a CostModel, a profile name or a DeviceProfile, got {type(cost).__name__}")
-
-
 def generate(w: WorkGraph, slots: list[int], groups: list | None = None):
     """``(name, streams, notes)`` for every candidate the search prices first; with ``groups``
     (``assign.fusion``), each group of every candidate on one stream."""
@@ -206,6 +198,9 @@ def assign_streams(
     peak memory exceeds ``memory_budget`` bytes are left out.
     ``side_streams``: the indices side streams may take, in order of preference (default: the
     smallest the graph does not use); a compiler passes indices it knows are free at run time.
+    ``cost``: a profile name (``"h100"``, ``"h200"``, ``"a100"``, ``"cpu"``), a ``DeviceProfile`` or a
+    ``CostModel``; None is h100. ``max_streams`` is an int >= 1, ``memory_budget`` None or bytes >= 0;
+    any other value raises :class:`~streampass.errors.StreamPassError` (``candidates.check_request``).
     Candidates whose lower bound cannot come within :data:`TIE` of the fastest are not priced
     (``StreamChoice.skipped``); ``exhaustive=True`` prices every one, for the same choice, slower.
     ``keep_fusions=True`` places each chain of pointwise ops inductor would fuse as one unit
@@ -230,12 +225,11 @@ def assign_streams(
     [0]
     """
     t0 = time.perf_counter()
-    if max_streams < 1:
-        raise ValueError("max_streams must be at least 1")
+    model = cand.check_request(gm, cost, max_streams, memory_budget, side_streams)  # a StreamPassError if not
     with collector_paused():  # as run pauses it, and for the same reason (docs/design.md)
         choice = _choose(
             gm,
-            _model(cost),
+            model,
             max_streams,
             memory_budget,
             cpu_launch,
