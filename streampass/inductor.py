@@ -45,6 +45,7 @@ import torch.fx
 
 from streampass import compat, compile_hook, ops, values
 from streampass.analysis.reading import events_recorded_outside, read_streams
+from streampass.assign.candidates import check_max_streams, cost_model
 from streampass.assign.in_compile import assign_in_place, cost_key, device_cost, serial_summary, summary
 from streampass.compat import PassBase, PassChain, aot_guard_off, aot_guard_on, cpu_safe_aot, post_grad_config
 from streampass.errors import StreamPassError, StreamPassWarning
@@ -114,6 +115,10 @@ class StreamPass(PassBase):
     def __init__(self, keep_graphs: bool = False, assign: str | None = None, assign_cost=None, max_streams: int = 4):
         if assign not in (None, "auto"):
             raise StreamPassError(f'StreamPass(assign=...) takes "auto" or None, not {assign!r}')
+        if assign is not None:  # refused here, not at the first compile inside an InductorError
+            check_max_streams(max_streams)
+            if assign_cost is not None:
+                cost_model(assign_cost)
         self.keep_graphs = keep_graphs
         self.assign, self.assign_cost, self.max_streams = assign, assign_cost, max_streams
         self.reports: list[GraphReport] = []

@@ -183,6 +183,14 @@ def test_bad_options_are_refused():
     with pytest.raises(StreamPassError, match="not both"):
         with spi.enabled(spi.StreamPass(), assign="auto"):
             pass
+    # when the pass is made, not at its first compile inside torch's InductorError
+    for bad in (0, 1.5, None, True):
+        with pytest.raises(StreamPassError, match="max_streams must be an int >= 1"):
+            spi.StreamPass(assign="auto", max_streams=bad)
+    for bad in ("nosuch", "", 5):
+        with pytest.raises(StreamPassError, match="cost must be a device profile name"):
+            spi.StreamPass(assign="auto", assign_cost=bad)
+    spi.StreamPass(max_streams=0)  # not used without assign
 
 
 @pytest.mark.slow
