@@ -2,13 +2,18 @@
 
 Parsing, ``--help``, ``--version`` and usage errors need no torch: the commands themselves
 (:mod:`streampass.commands`) are imported only to run one. An error is one line on stderr and
-exit status 2; ``--debug`` shows the traceback instead.
+exit status 2, torch's own logs silenced while a command runs (:func:`quiet_torch_logs`);
+``--debug`` shows the traceback and the logs instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import sys
+from collections.abc import Iterator
 
 DESCRIPTION = (
     "Multi-stream correctness for PyTorch graphs: read which stream each node runs on, find the races, "
@@ -61,6 +66,38 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@contextlib.contextmanager
+def quiet_torch_logs(quiet: bool = True) -> Iterator[None]:
+    """torch's loggers silent while a command runs, their levels put back after: torch.export
+    and fake tensors log a traceback before raising the error the CLI reports in one line.
+    ``--debug`` (``quiet=False``) and ``TORCH_LOGS`` (asked for by the user) keep them.
+
+    >>> import logging
+    >>> with quiet_torch_logs():
+    ...     logging.getLogger("torch.export").isEnabledFor(logging.CRITICAL)
+    False
+    >>> logging.getLogger("torch.export").isEnabledFor(logging.CRITICAL)
+    True
+    """
+    if not quiet or os.environ.get("TORCH_LOGS"):
+        yield
+        return
+    # A torch logger without a level of its own (or created during the command) takes the
+    # level of the nearest ancestor that has one: these are all that need it.
+    known = logging.root.manager.loggerDict
+    names = ["torch"] + [
+        n for n, log in known.items() if n.startswith("torch.") and isinstance(log, logging.Logger) and log.level
+    ]
+    saved = [(log, log.level) for log in map(logging.getLogger, names)]
+    try:
+        for log, _ in saved:
+            log.setLevel(logging.CRITICAL + 1)
+        yield
+    finally:
+        for log, level in saved:
+            log.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``streampass`` console script; returns the exit status.
 
@@ -74,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from streampass import commands
 
-        return {"demo": commands.demo, "inspect": commands.inspect, "assign": commands.assign}[args.command](args)
+        with quiet_torch_logs(not args.debug):
+            return {"demo": commands.demo, "inspect": commands.inspect, "assign": commands.assign}[args.command](args)
     except Exception as e:
         if args.debug:
             raise

@@ -240,8 +240,13 @@ def load_target(
     if target.endswith(".pt2") or os.path.isfile(target):
         if not os.path.isfile(target):
             raise UsageError(f"no such file: {target}")
+        try:
+            program = torch.export.load(target)
+        except Exception as e:  # a zip error, a key error, a version mismatch: the file is not one
+            why = type(e).__name__ + (f": {str(e).strip().splitlines()[0]}" if str(e).strip() else "")
+            raise UsageError(f"{target} is not a program torch.export.save wrote ({why})") from e
         # the flat ATen graph, parameters as inputs, with the custom.stream annotations
-        gm = torch.export.load(target).graph_module
+        gm = program.graph_module
         return gm, _exported_note(gm)
     mod_name, sep, attr = target.partition(":")
     if not sep or not mod_name or not attr:

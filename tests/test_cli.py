@@ -13,8 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(*argv, cwd=None):
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_LOGS"}  # TORCH_LOGS keeps torch's logs
     return subprocess.run(
-        [sys.executable, "-m", "streampass", *argv], capture_output=True, text=True, cwd=cwd, timeout=300
+        [sys.executable, "-m", "streampass", *argv], capture_output=True, text=True, cwd=cwd, timeout=300, env=env
     )
 
 
@@ -103,6 +104,7 @@ def user_folder(tmp_path):
             return a, b
     """)
     )
+    (tmp_path / "fake.pt2").write_text("not a program torch.export wrote")
     return tmp_path
 
 
@@ -148,6 +150,10 @@ ERRORS = {
     "bad module": (["not_a_module_here:f", "--shapes", "2x2"], "cannot import module 'not_a_module_here'"),
     "bad attribute": (["mymod:g", "--shapes", "2x2"], "has no attribute 'g'"),
     "no colon": (["mymod"], "module:function"),
+    # torch.export logs the deserialization traceback, fake tensors the failing meta kernel's:
+    # both are silenced, the error is still the one line
+    "not a pt2 program": (["fake.pt2"], "fake.pt2 is not a program torch.export.save wrote (BadZipFile"),
+    "shapes that do not fit": (["mymod:f", "--shapes", "4x3,4x4"], "cannot be multiplied (4x3 and 4x4)"),
 }
 
 
@@ -164,6 +170,59 @@ def test_inspect_errors_are_one_line_and_exit_2(case, user_folder):
 def test_debug_shows_the_traceback(user_folder):
     out = _run("--debug", "inspect", "mymod:f", "--shapes", "8by16", "--html", "", cwd=user_folder)
     assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def test_debug_keeps_torch_s_own_logs(user_folder):
+    quiet = _run("inspect", "mymod:f", "--shapes", "4x3,4x4", "--html", "", cwd=user_folder)
+    loud = _run("--debug", "inspect", "mymod:f", "--shapes", "4x3,4x4", "--html", "", cwd=user_folder)
+    assert quiet.returncode == 2 and len(quiet.stderr.strip().splitlines()) == 1, quiet.stderr
+    assert loud.returncode != 0 and "Traceback" in loud.stderr
+    # torch's log lines carry the file that logged them (E1204 08:42:03.412000 pid torch/...py:3090])
+    assert any(line[:1] in "WE" and "torch/" in line and "] " in line for line in loud.stderr.splitlines()), loud.stderr
+
+
+def test_quiet_torch_logs_silences_torch_s_loggers_and_puts_their_levels_back():
+    import logging
+
+    import torch  # noqa: F401  (its loggers and their levels exist once it is imported)
+
+    from streampass.cli import quiet_torch_logs
+
+    names = ["torch", "torch.export", "torch._dynamo", "torch._subclasses.fake_tensor"]
+    levels = {n: logging.getLogger(n).level for n in names}
+    assert logging.getLogger("torch._subclasses.fake_tensor").isEnabledFor(logging.ERROR)
+    with quiet_torch_logs():
+        assert not any(logging.getLogger(n).isEnabledFor(logging.CRITICAL) for n in names)
+        assert not logging.getLogger("torch.made_during_the_command").isEnabledFor(logging.CRITICAL)
+        assert logging.getLogger("mymod").isEnabledFor(logging.ERROR)  # the user's own logs stay
+    assert {n: logging.getLogger(n).level for n in names} == levels
+    assert logging.getLogger("torch._subclasses.fake_tensor").isEnabledFor(logging.ERROR)
+    with quiet_torch_logs(quiet=False):
+        assert logging.getLogger("torch._subclasses.fake_tensor").isEnabledFor(logging.ERROR)
+
+
+def test_cli_errors_leave_torch_s_log_levels_as_they_were(user_folder, monkeypatch, capsys):
+    import logging
+
+    from streampass import cli
+
+    monkeypatch.chdir(user_folder)
+    monkeypatch.delenv("TORCH_LOGS", raising=False)
+    levels = {n: log.level for n, log in logging.root.manager.loggerDict.items() if isinstance(log, logging.Logger)}
+    assert cli.main(["inspect", "fake.pt2", "--html", ""]) == 2
+    assert "is not a program torch.export.save wrote" in capsys.readouterr().err
+    after = {n: log.level for n, log in logging.root.manager.loggerDict.items() if isinstance(log, logging.Logger)}
+    assert {n: after[n] for n in levels} == levels
+
+
+def test_assign_with_a_huge_max_streams_answers_at_once(user_folder):
+    # it used to build a slot per stream asked for: 10**9 ran out of memory
+    out = _run(
+        "assign", "mymod:make_towers", "--shapes", "4096x2048", "--meta", "--max-streams", "1000000000",
+        "--html", "", cwd=user_folder,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "0 after" in out.stdout and "with streams [0, 1" in out.stdout, out.stdout
 
 
 def test_demo_prints_no_warning():
