@@ -46,6 +46,8 @@ def stream(k: int):
       ...
     streampass.errors.StreamPassError: sp.stream(1048576): indices above 524287 are streampass's own streams and events
     """
+    if torch.compiler.is_dynamo_compiling():
+        k = _specialized(k)
     k = check_stream_index(k)  # a plain int, as the graph keeps it
     if k > MAX_USER_STREAM:
         raise StreamPassError(
@@ -58,6 +60,21 @@ def stream(k: int):
         return fx_traceback.annotate({"stream": k, MARK: k})
     # make_fx, AOT autograd and torch.export's non-strict tracer run this code as Python
     return _stream_eager(k)
+
+
+def _specialized(k):
+    """``k``'s value as a plain int while dynamo traces. dynamo turns an int argument that
+    changed between calls (or every int, with ``dynamic=True``) into a symbolic int, which the
+    annotation cannot hold. Each comparison below makes dynamo guard on ``k``, so the value
+    found holds for this compile and another ``k`` recompiles; a constant ``k`` costs nothing.
+    Bit by bit: 19 comparisons pin any index ``sp.stream`` accepts."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0 or k > MAX_USER_STREAM:
+        return k  # refused below, with its value
+    value = 0
+    for bit in reversed(range(MAX_USER_STREAM.bit_length())):
+        if k >= value + (1 << bit):
+            value += 1 << bit
+    return value
 
 
 @contextlib.contextmanager

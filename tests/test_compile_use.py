@@ -772,3 +772,25 @@ def test_compiled_autograd_runs_the_backward_right_on_one_stream():
     forward = next(r for r in p.reports if r.graph == "forward")
     assert forward.streams == [0, 1, 2] and sp.verify(forward.verified_graph).ok
     assert len(p.reports) >= 2  # the compiled-autograd graph went through the pass too
+
+
+def _on_stream_k(x, k):
+    with sp.stream(k):
+        y = x.sin()
+    return y + x.cos()
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic dynamic", "dynamic=True"])
+def test_a_stream_index_passed_as_an_argument_may_change_between_calls(dynamic):
+    """dynamo makes an int argument that changed between calls symbolic (every int with
+    dynamic=True), and the annotation needs a constant: this crashed inside dynamo
+    (AsPythonConstantNotImplementedError). sp.stream now pins k's value with guards, so each k
+    compiles once and runs on its own stream."""
+    torch._dynamo.reset()
+    p = spi.StreamPass()
+    x = torch.randn(8)
+    f = torch.compile(_on_stream_k, dynamic=dynamic)
+    with spi.enabled(p):
+        for k in (1, 2, 3, 2):
+            torch.testing.assert_close(f(x, k), _on_stream_k(x, k))
+    assert sorted({tuple(r.streams) for r in p.reports}) == [(0, 1), (0, 2), (0, 3)]
