@@ -570,6 +570,23 @@ def test_sp_stream_indices_are_read_as_they_are():
     assert [r.indices for r in p.reports] == ["dynamo"] and p.reports[0].streams == [0, 1, 2]
 
 
+def test_a_compile_outside_dynamo_reads_its_own_indices_whatever_dynamo_compiled_before():
+    """torch._inductor.compile of a make_fx graph (AOT inductor's path) runs no dynamo frame:
+    dynamo's object table still holds the last frame's objects, and its index 0 made this
+    graph's streams read one up ([0, 2], "dynamo+1")."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def compiled_outside_dynamo():
+        p, x = spi.StreamPass(), torch.randn(4)
+        with spi.enabled(p):
+            torch._inductor.compile(make_fx(lambda x: _on_stream_k(x, 1))(x), [x])(x)
+        return [(r.streams, r.indices) for r in p.reports]
+
+    assert compiled_outside_dynamo() == [([0, 1], "dynamo")]
+    compile_and_compare(two_user_streams, torch.randn(4))  # index 0 of the table: a user stream
+    assert compiled_outside_dynamo() == [([0, 1], "dynamo")]
+
+
 def sp0_inside_a_user_stream(x):
     with S1:
         a = x.sin()
