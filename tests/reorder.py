@@ -43,11 +43,15 @@ def random_topological_copy(gm: torch.fx.GraphModule, seed: int) -> torch.fx.Gra
 
     Placeholders stay first. The output is drawn like any node once its inputs are placed, so
     it may come before nodes it does not depend on, as in ``legalize_graph``'s sort (FX's code
-    returns there: a sync after it never runs).
+    returns there: a sync after it never runs). It stays after the program's own writes in place
+    that nothing reads (``copy_`` into an input): a pass that put the output first would drop
+    them, with or without streams, and reading refuses a node after the output.
     """
     rng = random.Random(seed)
     nodes = list(gm.graph.nodes)
     extra = _mutation_order(nodes)
+    output = next(n for n in nodes if n.op == "output")
+    extra[output].update(n for n in nodes if values.mutated_arg_positions(n) and not n.users)
     users: dict[torch.fx.Node, set[torch.fx.Node]] = {n: set(n.users) for n in nodes}
     for n, before in extra.items():
         for b in before:

@@ -355,10 +355,7 @@ def _malformed(kind: str) -> torch.fx.GraphModule:
     z = g.call_function(aten.neg.default, (y,), name="z")
     if kind != "no output":
         g.output((z,))
-    if kind == "work after the output":
-        g.call_function(aten.cos.default, (y,), name="bad")
-    gm = torch.fx.GraphModule(root, g)
-    return gm
+    return torch.fx.GraphModule(root, g)
 
 
 @pytest.mark.parametrize(
@@ -370,15 +367,14 @@ def _malformed(kind: str) -> torch.fx.GraphModule:
         ("sync_dealloc of an int", "'to_dealloc' must be a tensor"),
         ("control_deps of work", "control_deps runs aten.add_.Tensor"),
         ("control_deps without a tuple", "dependencies must be a tuple"),
-        ("work after the output", "comes after the graph's output"),
         ("no output", "no output node"),
     ],
 )
 def test_malformed_graphs_are_refused_naming_the_node_and_left_unchanged(kind, message):
     """Stream ops whose arguments do not fit their schema, ``control_deps`` that wraps work (its
-    reads and writes would go unseen) or is malformed, nodes after the output (they never run)
-    and a graph with no output: a StreamPassError naming the node, from ``verify`` and ``run``,
-    and the graph as it was (before, each was accepted and failed when called, or missed a race)."""
+    reads and writes would go unseen) or is malformed, and a graph with no output: a
+    StreamPassError naming the node, from ``verify`` and ``run``, and the graph as it was (before,
+    each was accepted and failed when called, crashed, or missed a race)."""
     gm = _malformed(kind)
     code, nodes = gm.code, [(n.name, n.target, n.args, n.kwargs) for n in gm.graph.nodes]
     for check in (sp.verify, sp.run):
@@ -414,3 +410,22 @@ def test_external_events_that_are_not_a_list_of_indices_are_refused(events):
         with pytest.raises(sp.StreamPassError, match="external_events must be an iterable"):
             check(gm, external_events=events)
     assert sp.run(gm, external_events=None).ok  # None: no external event
+
+
+def test_work_after_the_output_never_runs_and_is_read_as_nothing():
+    """FX's code returns at the output: a node a sort left after it is dead code. It read a value
+    of another stream, and run edited the graph and still called it not race-free."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(aten.sin.default, (x,))
+    y.meta["custom"] = {"stream": 1}
+    out = g.output((g.call_function(aten.neg.default, (y,)),))
+    with g.inserting_after(out):
+        dead = g.call_function(aten.cos.default, (y,))
+    dead.meta["custom"] = {"stream": 2}
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    a = sp.read_streams(gm)
+    assert dead not in a.compute and 2 not in a.streams
+    result = sp.run(gm)
+    assert result.ok and sp.verify(gm).ok
+    assert not any(dead.name in h.nodes for h in result.before.hazards)

@@ -193,11 +193,6 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
     for node in nodes:
-        if returned is not None:
-            raise StreamPassError(
-                f"comes after the graph's output {returned.name!r}, so it never runs (a pass sorted "
-                "the output before it)", node.name
-            )  # fmt: skip
         for inp in ops.input_nodes(node):
             if inp not in root:
                 raise StreamPassError(
@@ -212,6 +207,11 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
                     raise StreamPassError(problem, node.name)
             call = ops.as_sync_call(node)
             if call is not None:
+                if returned is not None:
+                    raise StreamPassError(
+                        f"comes after the graph's output {returned.name!r}, so it never runs (a pass sorted "
+                        "the output before it)", node.name
+                    )  # fmt: skip
                 syncs[node] = call
                 root[node] = node
                 stream[node] = _sync_stream(call, regions, recorded, external)
@@ -219,6 +219,11 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
                 if other is not None:
                     named.add(other)
                 continue
+        if returned is not None:
+            # FX's code returns at the output: a node after it never runs (dead code a sort left
+            # there, which DCE removes), so it reads, writes and orders nothing.
+            root[node], stream[node] = node, AMBIENT
+            continue
         src = values.aliases_input(node) if op in ("call_function", "call_method", "call_module") else None
         root[node] = root.get(src, src) if src is not None else node
         annotated = annotated_stream(node)
