@@ -335,12 +335,13 @@ def _malformed(kind: str) -> torch.fx.GraphModule:
     y = g.call_function(aten.sin.default, (x,), name="y")
     y.meta["custom"] = {"stream": 1}
     if kind in ("stream op arguments", "stream op keyword", "stream op extra"):
+        # synchronize_device() with no arguments was the first found; torch 2.11 has no such op
         args, kwargs = {
-            "stream op arguments": (("cpu",), {}),
-            "stream op keyword": ((), {"device_type": "cpu", "device_index": 0, "bogus": 1}),
-            "stream op extra": (("cpu", 0, 5), {}),
+            "stream op arguments": ((5,), {}),
+            "stream op keyword": ((), {"event_index": 5, "stream_index": 1, "bogus": 1}),
+            "stream op extra": ((5, 1, 7), {}),
         }[kind]
-        g.call_function(ops.SYNC_DEVICE, args, kwargs, name="bad")
+        g.call_function(ops.RECORD_EVENT, args, kwargs, name="bad")
     elif kind == "sync_dealloc of an int":
         g.call_function(ops.RECORD_EVENT, (5, 1))
         g.call_function(ops.SYNC_DEALLOC, (5, 1, 3), name="bad")
@@ -361,7 +362,7 @@ def _malformed(kind: str) -> torch.fx.GraphModule:
 @pytest.mark.parametrize(
     "kind, message",
     [
-        ("stream op arguments", "misses argument 'device_index'"),
+        ("stream op arguments", "misses argument 'stream_index'"),
         ("stream op keyword", "has no argument 'bogus'"),
         ("stream op extra", "takes 2 arguments, got 3"),
         ("sync_dealloc of an int", "'to_dealloc' must be a tensor"),

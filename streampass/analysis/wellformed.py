@@ -14,8 +14,8 @@ def argument_problem(call: ops.SyncCall) -> str | None:
     None. The stream and event indices themselves are checked by ``check_stream_index``.
 
     >>> g = torch.fx.Graph()
-    >>> argument_problem(ops.as_sync_call(g.call_function(ops.SYNC_DEVICE, ("cpu",))))
-    "misses argument 'device_index': streams::synchronize_device(str device_type, SymInt device_index) -> ()"
+    >>> argument_problem(ops.as_sync_call(g.call_function(ops.RECORD_EVENT, (5,))))
+    "misses argument 'stream_index': streams::record_event(SymInt event_index, SymInt stream_index) -> ()"
     >>> argument_problem(ops.as_sync_call(g.call_function(ops.RECORD_EVENT, (5, 1)))) is None
     True
     """
