@@ -147,17 +147,12 @@ def subgraph_module(node: torch.fx.Node) -> torch.fx.GraphModule | None:
     if isinstance(sub, torch.fx.Node) and sub.op == "get_attr":
         owner = node.graph.owning_module
         if owner is not None:
-            found = getattr_path(owner, sub.target)
+            try:
+                found = operator.attrgetter(sub.target)(owner)
+            except AttributeError:  # a get_attr of nothing: malformed (reading says so)
+                return None
             return found if isinstance(found, torch.fx.GraphModule) else None
     return None
-
-
-def getattr_path(owner: torch.nn.Module, target: str) -> Any:
-    """``owner``'s attribute at the dotted path ``target`` (a ``get_attr``'s), or None if missing."""
-    try:
-        return operator.attrgetter(target)(owner)
-    except AttributeError:
-        return None
 
 
 def is_sync_subgraph(graph: torch.fx.Graph) -> bool:
@@ -212,8 +207,8 @@ def _subgraph_shape(node: torch.fx.Node) -> _SubgraphShape | None:
     placeholders = tuple(n for n in graph.nodes if n.op == "placeholder")
     stream_op = next((n for n in graph.nodes if n.op == "call_function" and id(n.target) in STREAM_OP_IDS), None)
     output = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
-    if output is None or len(node.args) < 2 or not isinstance(node.args[0], (tuple, list)):
-        return None  # malformed: not read as a sync (reading says why)
+    if output is None:
+        return None  # malformed: not read as a sync (wellformed.control_deps_problem says why)
     out = output.args[0]
     shape = _SubgraphShape(placeholders, stream_op, tuple(out) if isinstance(out, (tuple, list)) else None)
     _shapes[graph] = (len(graph.nodes), shape)
