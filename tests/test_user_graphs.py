@@ -356,7 +356,13 @@ def _malformed(kind: str) -> torch.fx.GraphModule:
     z = g.call_function(aten.neg.default, (y,), name="z")
     if kind != "no output":
         g.output((z,))
-    return torch.fx.GraphModule(root, g)
+    gm = torch.fx.GraphModule(root, g)
+    if kind == "get_attr of nothing":  # GraphModule copies what get_attrs name: add it after
+        with gm.graph.inserting_before(z):
+            missing = gm.graph.create_node("get_attr", "nothing", name="bad")
+            z.args = (gm.graph.call_function(aten.add.Tensor, (y, missing)),)
+        gm.recompile()
+    return gm
 
 
 @pytest.mark.parametrize(
@@ -369,12 +375,13 @@ def _malformed(kind: str) -> torch.fx.GraphModule:
         ("control_deps of work", "control_deps runs aten.add_.Tensor"),
         ("control_deps without a tuple", "dependencies must be a tuple"),
         ("no output", "no output node"),
+        ("get_attr of nothing", "get_attr of 'nothing', which the graph's module does not have"),
     ],
 )
 def test_malformed_graphs_are_refused_naming_the_node_and_left_unchanged(kind, message):
     """Stream ops whose arguments do not fit their schema, ``control_deps`` that wraps work (its
-    reads and writes would go unseen) or is malformed, and a graph with no output: a
-    StreamPassError naming the node, from ``verify`` and ``run``, and the graph as it was (before,
+    reads and writes would go unseen) or is malformed, a graph with no output, a get_attr of an
+    attribute the module lacks (the call fails): a StreamPassError naming the node, from ``verify`` and ``run``, and the graph as it was (before,
     each was accepted and failed when called, crashed, or missed a race)."""
     gm = _malformed(kind)
     code, nodes = gm.code, [(n.name, n.target, n.args, n.kwargs) for n in gm.graph.nodes]

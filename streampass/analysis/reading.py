@@ -161,8 +161,9 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     """Read the stream of every node of ``g``.
 
     Raises :class:`StreamPassError` (naming the node) for a join without its fork, a fork
-    never joined, a stream index that is not a non-negative int, and a wait on an event that
-    no earlier node records and that is not in ``external_events``.
+    never joined, a stream index that is not a non-negative int, a wait on an event that no
+    earlier node records and that is not in ``external_events``, a ``get_attr`` of an attribute
+    the graph's module lacks, and the malformed graphs ``analysis.wellformed`` describes.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -190,6 +191,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     maybe_sync = ops.STREAM_OP_IDS  # plus control_deps, tested below
     getitem, control_deps = operator.getitem, ops.CONTROL_DEPS
     returned: torch.fx.Node | None = None  # the output, once passed: FX's code ends there
+    owner = graph.owning_module
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
     for node in nodes:
@@ -229,6 +231,8 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         annotated = annotated_stream(node)
         if op == "output":
             returned = node
+        if op == "get_attr" and owner is not None and not _has_attr(owner, target):
+            raise StreamPassError(f"get_attr of {target!r}, which the graph's module does not have", node.name)
         if op in ("placeholder", "get_attr", "output"):
             stream[node] = AMBIENT  # inputs are ready on the ambient stream; outputs are returned there
             continue
@@ -277,6 +281,15 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         )
         raise StreamPassError(f"index {index} is used both as a stream and as an event", node.name)
     return assignment
+
+
+def _has_attr(module: torch.nn.Module, target: str) -> bool:
+    obj = module
+    for part in target.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
 
 
 _WAITS_ON_EVENT = (ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC)
