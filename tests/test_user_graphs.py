@@ -132,6 +132,19 @@ def test_event_indices_never_leave_int64():
     assert gm.code == code
 
 
+def test_an_event_index_that_leaves_no_room_is_named_by_its_node():
+    """The refusal names the node holding the largest index: here a user's record_event (it
+    named the node on the largest stream, which had nothing to do with it)."""
+    _, gm = _side_stream_graph()
+    first = next(n for n in gm.graph.nodes if n.op == "call_function")
+    with gm.graph.inserting_after(first):
+        gm.graph.call_function(ops.RECORD_EVENT, (MAX_INDEX, 0), name="user_record")
+    gm.recompile()
+    with pytest.raises(sp.StreamPassError, match="new event index") as info:
+        sp.run(gm)
+    assert info.value.node == "user_record"
+
+
 def test_use_before_definition_is_refused_and_graph_unchanged():
     g = torch.fx.Graph()
     x = g.placeholder("x")

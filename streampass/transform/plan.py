@@ -112,7 +112,11 @@ def first_free_event(a: StreamAssignment) -> int:
 def check_event_indices(a: StreamAssignment, first: int, count: int) -> None:
     """Refuse a plan whose new event indices would not fit in the int64 the stream ops take."""
     if count and first + count - 1 > MAX_INDEX:
-        node = max(a.nodes, key=lambda n: a.stream.get(n, 0))
+        largest = first - 1  # the node that holds it (an external event has none: the last stream's)
+        node = next(
+            (n for n, c in a.syncs.items() if largest in c.args),
+            max(a.nodes, key=lambda n: a.stream.get(n, 0)),
+        )
         raise StreamPassError(
             f"the plan needs {count} new event index(es) above {first - 1}, the largest index in the graph, "
             f"but stream/event indices must fit in int64 (max {MAX_INDEX}); use smaller stream indices",
