@@ -39,6 +39,19 @@ def test_raw_and_exit_found_without_wait_and_gone_with_it():
     assert kinds(two_stream_read(sync=True)) == ["dealloc"]
 
 
+def test_an_output_made_last_on_its_stream_is_one_exit_hazard():
+    """The output's value and its stream's join are both unmet by the same missing wait: one
+    hazard about the value (it was listed twice, once per requirement)."""
+    b = GraphBuilder()
+    x = b.input("x")
+    b.sync(ops.RECORD_EVENT, 10, 0)
+    b.sync(ops.WAIT_EVENT, 10, 1)
+    y = b.op(aten.sin.default, x, stream=1, name="y")
+    exits = [h for h in sp.verify(b.output(y)).hazards if h.kind == "exit"]
+    assert [h.nodes for h in exits] == [("y", "output")]
+    assert "output y is written by y on stream 1" in exits[0].message
+
+
 def test_entry_hazard_when_side_stream_reads_an_input_without_waiting():
     b = GraphBuilder()
     x = b.input("x")

@@ -160,10 +160,15 @@ def find_hazards(dag: StreamDAG, reqs=None) -> list[Hazard]:
     # not happens_before(r.before, r.after), on the clocks directly (hot on large graphs)
     clock, slot, stream = dag.clock, dag.slot, a.stream
     found = []
+    exits = set()  # an output's producer that is also its stream's last node: one hazard, not two
     for r in reqs:
         b = r.before
         i = slot[stream[b]]
         if b is r.after or clock[r.after][i] < clock[b][i]:
+            if r.kind == "exit":
+                if (b, r.after) in exits:
+                    continue
+                exits.add((b, r.after))
             found.append(_describe(r, dag))
     keep = keepalive_waits(dag)
     recorded = recorded_streams(a)
