@@ -55,9 +55,21 @@ def torch_passes():
         wrap_all_sync_nodes_with_control_deps,
     )
 
+    from torch._dynamo import graph_bytecode_inputs as table
+
     def run(gm):
-        insert_backward_syncs(gm)
-        wrap_all_sync_nodes_with_control_deps(gm)
+        # Under torch.compile dynamo's object table holds the graph's streams when these passes
+        # run, and their new events take the next indices. Outside a frame the table is empty and
+        # events would start at 0, the ambient stream's index: fill it as dynamo would.
+        table.reset_user_object_tracking()
+        streams = [(n.meta.get("custom") or {}).get("stream", 0) for n in gm.graph.nodes]
+        for _ in range(max(streams, default=0) + 1):
+            table.register_graph_created_object(torch.Stream("cpu"), lambda index, cg: None)
+        try:
+            insert_backward_syncs(gm)
+            wrap_all_sync_nodes_with_control_deps(gm)
+        finally:
+            table.reset_user_object_tracking()
 
     return run
 
