@@ -50,12 +50,11 @@ import bench_models  # noqa: E402
 
 
 def torch_passes():
+    from torch._dynamo import graph_bytecode_inputs as table
     from torch._functorch._aot_autograd.streams import (
         insert_backward_syncs,
         wrap_all_sync_nodes_with_control_deps,
     )
-
-    from torch._dynamo import graph_bytecode_inputs as table
 
     def run(gm):
         # Under torch.compile dynamo's object table holds the graph's streams when these passes

@@ -514,6 +514,7 @@ BAD_ARGUMENTS = {
     "side_streams='12'": (dict(side_streams="12"), r"side_streams must be None or an iterable .*got '12' \(str\)"),
     "side_streams=['a']": (dict(side_streams=["a"]), r"side_streams: stream index must be an int, got 'a'"),
     "side_streams=[-3]": (dict(side_streams=[-3]), r"side_streams: stream index must be >= 0, got -3"),
+    "side_streams=[0, 1]": (dict(side_streams=[0, 1]), r"side_streams: 0 is the ambient stream, not a side stream"),
 }
 
 

@@ -47,6 +47,8 @@ def stream_slots(a: StreamAssignment, max_streams: int, side_streams: Iterable[i
     for k in pool:
         if len(out) >= most:
             break
+        if k == AMBIENT and not isinstance(k, bool):
+            raise StreamPassError(f"side_streams: {AMBIENT} is the ambient stream, not a side stream")
         if k not in used:
             try:
                 out.append(check_stream_index(k))
