@@ -94,7 +94,13 @@ def check_request(
 
 
 def check_max_streams(max_streams: object) -> None:
-    """A StreamPassError unless ``max_streams`` is an int >= 1 (not a bool)."""
+    """A StreamPassError unless ``max_streams`` is an int >= 1 (not a bool).
+
+    >>> check_max_streams(4)
+    >>> check_max_streams(1.5)
+    Traceback (most recent call last):
+    streampass.errors.StreamPassError: max_streams must be an int >= 1 (the ambient stream included), got 1.5 (float)
+    """
     if isinstance(max_streams, bool) or not isinstance(max_streams, numbers.Integral) or max_streams < 1:
         raise StreamPassError(
             f"max_streams must be an int >= 1 (the ambient stream included), got {max_streams!r}"
@@ -103,7 +109,14 @@ def check_max_streams(max_streams: object) -> None:
 
 
 def cost_model(cost: object) -> CostModel:
-    """The cost model ``cost`` names: a CostModel, a DeviceProfile, a profile name, or None (h100)."""
+    """The cost model ``cost`` names: a CostModel, a DeviceProfile, a profile name, or None (h100).
+
+    >>> cost_model(None).profile.name, cost_model("a100").profile.name
+    ('h100', 'a100')
+    >>> cost_model(5)
+    Traceback (most recent call last):
+    streampass.errors.StreamPassError: cost must be a device profile name (a100, cpu, h100, h200), a DeviceProfile, a CostModel or None (h100), got 5 (int)
+    """
     if isinstance(cost, CostModel):
         return cost
     if cost is None:
