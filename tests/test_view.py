@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import html
+import re
 import time
 
 import pydot
@@ -15,6 +16,7 @@ import streampass as sp
 from streampass import view
 from streampass.view import render, style
 from streampass.view.compare import compare
+from streampass.view.html import SCROLL_ABOVE_PT
 
 
 def _small():
@@ -155,6 +157,12 @@ def test_regions(small):
         view.region(dag, around="nope")
     with pytest.raises(KeyError):
         view.region(dag, stream=7)
+    # a str said "no stream 1 in this DAG (streams: [0, 1])"; a bool, a float, a negative depth passed
+    for bad in ("1", True, 1.0):
+        with pytest.raises(TypeError, match="stream must be a stream index"):
+            view.region(dag, stream=bad)
+    with pytest.raises(ValueError, match="depth must be an int >= 0"):
+        view.region(dag, around="relu", depth=-1)
     assert "<svg" in near._repr_html_()
 
 
@@ -175,6 +183,11 @@ def test_big_graph_is_capped_and_says_what_was_left_out():
     assert len(page) < 5_000_000
     assert elapsed < 60
     assert "<table" in page  # the per-stream summary covers the whole graph
+    # The page says what was left out in its own text, and a drawing too wide to shrink to the
+    # page keeps its size in a scrolling box (scaled, its labels and caption were ~1px high).
+    assert f'<p class="sp-note">{html.escape(v.note)}</p>' in page
+    width = float(re.search(r'<svg[^>]*?\swidth="([\d.]+)pt"', page).group(1))
+    assert ('class="sp-svg sp-wide"' in page) == (width > SCROLL_ABOVE_PT)
     rows = view.summary(dag)
     assert sum(r["nodes"] for r in rows) == len(dag.nx)
 

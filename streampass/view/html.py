@@ -16,6 +16,7 @@ CSS = """
 .sp-root .sp-note{color:#555;font-size:12px;margin:4px 0}
 .sp-root .sp-svg{overflow:auto;max-height:720px;border:1px solid #e4e4e4;background:#fff}
 .sp-root .sp-svg svg{max-width:100%;height:auto}
+.sp-root .sp-wide svg{max-width:none}
 .sp-root .sp-legend span{display:inline-block;margin-right:14px;font-size:12px}
 .sp-root .sp-sw{display:inline-block;width:22px;height:0;vertical-align:middle;margin-right:4px;border-top:2px solid}
 """
@@ -57,3 +58,24 @@ def inline_svg(svg: str) -> str:
     '<svg/>'
     """
     return _SVG_PROLOGUE.sub("", svg, count=1)
+
+
+_WIDTH = re.compile(r'<svg[^>]*?\swidth="([\d.]+)(?:pt|px)?"')
+#: A drawing wider than this (pt) keeps its own size in its box and scrolls: scaled to the
+#: page (about 1200pt), its 11pt labels would shrink below about 5pt.
+SCROLL_ABOVE_PT = 2600
+
+
+def svg_block(svg: str) -> str:
+    """An SVG drawing in its scrolling box, scaled down to the page's width unless that would
+    make its text unreadable: then at its own size.
+
+    >>> svg_block('<svg width="300pt" height="90pt"/>')
+    '<div class="sp-svg"><svg width="300pt" height="90pt"/></div>'
+    >>> svg_block('<svg width="9000pt" height="90pt"/>')
+    '<div class="sp-svg sp-wide"><svg width="9000pt" height="90pt"/></div>'
+    """
+    body = inline_svg(svg)
+    m = _WIDTH.search(body)
+    wide = m is not None and float(m.group(1)) > SCROLL_ABOVE_PT
+    return f'<div class="sp-svg{" sp-wide" if wide else ""}">{body}</div>'

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from streampass.view.data import data
 from streampass.view.dot import pydot_graph
-from streampass.view.html import inline_svg, legend_html, wrap_page
+from streampass.view.html import legend_html, svg_block, wrap_page
 from streampass.view.render import render_picture
 from streampass.view.select import select_region
 from streampass.view.style import MAX_NODES
@@ -82,9 +82,7 @@ class DAGView:
         return self.svg()
 
     def _repr_html_(self) -> str:
-        return wrap_page(
-            f'<p class="sp-note">{html.escape(self.note)}</p>{legend_html()}<div class="sp-svg">{inline_svg(self.svg())}</div>'
-        )
+        return wrap_page(f'<p class="sp-note">{html.escape(self.note)}</p>{legend_html()}{svg_block(self.svg())}')
 
     def __repr__(self) -> str:
         return f"DAGView({self.note})"
@@ -167,6 +165,8 @@ def repr_html(dag, max_nodes: int = MAX_NODES) -> str:
     parts = [f"<p>{head}</p>", summary_table(d)]
     if hz:
         parts.append(f"<details><summary>{len(hz)} hazard(s)</summary>{hazard_table(hz)}</details>")
-    parts.append(legend_html())  # the drawing carries its own caption (v.note)
-    parts.append(f'<div class="sp-svg">{inline_svg(v.svg())}</div>')
+    if v.left_out:  # the drawing's own caption says so too, but small on a large drawing
+        parts.append(f'<p class="sp-note">{html.escape(v.note)}</p>')
+    parts.append(legend_html())
+    parts.append(svg_block(v.svg()))
     return wrap_page("".join(parts))

@@ -13,7 +13,7 @@ import html
 from pathlib import Path
 
 from streampass.view.data import data
-from streampass.view.html import CSS, inline_svg, legend_html
+from streampass.view.html import CSS, legend_html, svg_block
 from streampass.view.notebook import region
 from streampass.view.schedule import schedule_svg
 from streampass.view.style import MAX_NODES
@@ -33,7 +33,7 @@ def _dag_body(dag, max_nodes: int, engine: str) -> str:
         + hazard_table(d.hazards)
         + "<h3>Drawing</h3>"
         + legend_html()
-        + f'<div class="sp-svg">{inline_svg(v.svg())}</div>'
+        + svg_block(v.svg())
     )
 
 
@@ -46,10 +46,7 @@ def _schedule_body(gm, cost, cpu_launch: bool) -> str | None:
         sched = simulate(gm, cost=cost, cpu_launch=cpu_launch)
     except Exception as e:  # the report must not fail because the simulator refuses a graph
         return f"<p>simulation unavailable for this graph: {html.escape(str(e))}</p>"
-    return (
-        f'<p class="sp-note">{html.escape(sched.summary())}</p>'
-        f'<div class="sp-svg">{inline_svg(schedule_svg(sched, caption=False))}</div>'
-    )
+    return f'<p class="sp-note">{html.escape(sched.summary())}</p>' + svg_block(schedule_svg(sched, caption=False))
 
 
 PAGE_CSS = """

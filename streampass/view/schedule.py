@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import io
 
-from streampass.view.html import inline_svg, wrap_page
+from streampass.view.html import svg_block, wrap_page
 from streampass.view.style import HAZARD_COLOUR, LANE_EDGES, RECORD_FILL, WAIT_FILL
 
 MAX_SLOTS = 4000
@@ -138,5 +138,5 @@ def schedule_html(schedule, **kwargs) -> str:
     """
     return wrap_page(
         f'<p class="sp-note">{html.escape(schedule.summary())}</p>'
-        f'<div class="sp-svg">{inline_svg(schedule_svg(schedule, caption=False, **kwargs))}</div>'
+        + svg_block(schedule_svg(schedule, caption=False, **kwargs))
     )

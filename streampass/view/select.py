@@ -58,6 +58,10 @@ def select_region(
     max_nodes: int = MAX_NODES,
     collapse: bool = True,
 ) -> Drawn:
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
+        raise TypeError(f"stream must be a stream index (an int), got {stream!r} ({type(stream).__name__})")
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise ValueError(f"depth must be an int >= 0 (dependency steps), got {depth!r}")
     all_nodes, all_edges, alias = _collapsed(d, collapse)
     by_name = {n["name"]: n for n in all_nodes}
     adj: dict[str, set[str]] = {n: set() for n in by_name}
