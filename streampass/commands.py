@@ -166,6 +166,10 @@ def _write_html(args: argparse.Namespace, before, after, title: str, lines: list
 
 
 def _shape(spec: str) -> tuple[int, ...]:
+    if not spec.strip():
+        raise UsageError(
+            "--shapes: an empty shape between commas; write sizes joined by x, shapes by commas: 8x16,16x4"
+        )
     try:
         dims = tuple(int(x) for x in spec.strip().lower().split("x"))
     except ValueError:
@@ -181,6 +185,8 @@ def _dtype(name: str) -> torch.dtype:
     dt = getattr(torch, name, None)
     if not isinstance(dt, torch.dtype):
         raise UsageError(f"--dtype: torch has no dtype {name!r}; for example float32, float16 or bfloat16")
+    if not dt.is_floating_point:
+        raise UsageError(f"--dtype: the example inputs are random normal values: {name} is not a floating-point dtype")
     return dt
 
 
@@ -252,7 +258,7 @@ def load_target(
     if not sep or not mod_name or not attr:
         raise UsageError(f"TARGET must be a .pt2 file or module:function, got {target!r}")
     dt = _dtype(dtype)
-    inputs = [torch.randn(*_shape(spec), dtype=dt, device=device) for spec in (shapes or "").split(",") if spec.strip()]
+    inputs = [torch.randn(*_shape(spec), dtype=dt, device=device) for spec in shapes.split(",")] if shapes else []
     fn = _import_target(target)
     if isinstance(fn, torch.nn.Module):
         fn = fn.to(device=device)

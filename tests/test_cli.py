@@ -146,6 +146,9 @@ ERRORS = {
     "no shapes": (["mymod:f"], "give --shapes one shape per tensor argument"),
     "class with arguments": (["mymod:NeedsArgs", "--shapes", "2x4"], "name a function that builds"),
     "bad dtype": (["mymod:f", "--shapes", "8x4,4x4", "--dtype", "float33"], "torch has no dtype 'float33'"),
+    # random inputs need a float dtype: it was torch's "normal_kernel_cpu not implemented for 'Long'"
+    "integer dtype": (["mymod:f", "--shapes", "8x4,4x4", "--dtype", "int64"], "int64 is not a floating-point dtype"),
+    "empty shape": (["mymod:f", "--shapes", "8x4,,4x4"], "an empty shape between commas"),  # was dropped
     "missing pt2": (["nowhere.pt2"], "no such file: nowhere.pt2"),
     "bad module": (["not_a_module_here:f", "--shapes", "2x2"], "cannot import module 'not_a_module_here'"),
     "bad attribute": (["mymod:g", "--shapes", "2x2"], "has no attribute 'g'"),
