@@ -137,6 +137,22 @@ class SyncCall:
         return self.target._schema.name.split("::", 1)[1]
 
 
+MISSING = object()
+
+
+def attribute(module: torch.nn.Module, target: str) -> object:
+    """``module``'s attribute at the dotted path ``target`` (a ``get_attr``'s), or ``MISSING``.
+
+    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> attribute(m, "0.weight").shape, attribute(m, "0.nothing") is MISSING
+    (torch.Size([2, 2]), True)
+    """
+    try:
+        return operator.attrgetter(target)(module)
+    except AttributeError:
+        return MISSING
+
+
 def subgraph_module(node: torch.fx.Node) -> torch.fx.GraphModule | None:
     """The subgraph a ``control_deps`` node runs (a module or the ``get_attr`` naming one), or None."""
     if len(node.args) < 2:
@@ -146,11 +162,8 @@ def subgraph_module(node: torch.fx.Node) -> torch.fx.GraphModule | None:
         return sub
     if isinstance(sub, torch.fx.Node) and sub.op == "get_attr":
         owner = node.graph.owning_module
-        if owner is not None:
-            try:
-                found = operator.attrgetter(sub.target)(owner)
-            except AttributeError:  # a get_attr of nothing: malformed (reading says so)
-                return None
+        if owner is not None:  # a get_attr of nothing is malformed: reading says so
+            found = attribute(owner, sub.target)
             return found if isinstance(found, torch.fx.GraphModule) else None
     return None
 

@@ -112,6 +112,26 @@ def _saved(module) -> bytes:
     return buf.getvalue()
 
 
+def test_a_rewritten_graph_traced_again_runs_again():
+    """symbolic_trace of a run result (or of its to_folder code) reads each sync body once per
+    use: one get_attr per sync. run dropped a body's submodule when one of them fell unused,
+    while the others still named it (internal error, graph restored)."""
+
+    def f(x, w):
+        with sp.stream(1):
+            a = (x @ w).relu()
+        return a + x.sin()
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = make_fx(f)(x, w)
+    assert sp.run(gm).ok
+    traced = torch.fx.symbolic_trace(gm)
+    getters = [n.target for n in traced.graph.nodes if n.op == "get_attr"]
+    assert len(getters) > len(set(getters))  # a body named by several get_attrs
+    assert sp.run(traced).ok and not sp.run(traced).changed
+    torch.testing.assert_close(traced(x, w), f(x, w))
+
+
 @pytest.mark.parametrize("index", [MAX_INDEX + 1, 2**80])
 def test_stream_index_beyond_int64_is_refused(index):
     _, gm = _side_stream_graph()

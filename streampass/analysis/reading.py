@@ -231,7 +231,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         annotated = annotated_stream(node)
         if op == "output":
             returned = node
-        if op == "get_attr" and owner is not None and not _has_attr(owner, target):
+        if op == "get_attr" and owner is not None and ops.attribute(owner, target) is ops.MISSING:
             raise StreamPassError(f"get_attr of {target!r}, which the graph's module does not have", node.name)
         if op in ("placeholder", "get_attr", "output"):
             stream[node] = AMBIENT  # inputs are ready on the ambient stream; outputs are returned there
@@ -281,15 +281,6 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         )
         raise StreamPassError(f"index {index} is used both as a stream and as an event", node.name)
     return assignment
-
-
-def _has_attr(module: torch.nn.Module, target: str) -> bool:
-    obj = module
-    for part in target.split("."):
-        if not hasattr(obj, part):
-            return False
-        obj = getattr(obj, part)
-    return True
 
 
 _WAITS_ON_EVENT = (ops.WAIT_EVENT, ops.SYNC_EVENT, ops.SYNC_DEALLOC)

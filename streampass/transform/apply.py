@@ -30,7 +30,7 @@ from streampass.ops import AMBIENT
 from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_thread
 from streampass.transform.plan import SyncPlan
 from streampass.transform.reading_after import check_order, check_region, reading_after
-from streampass.transform.subgraphs import attr_of, free_attr, sync_subgraph
+from streampass.transform.subgraphs import attr_of, drop_unused_body, free_attr, sync_subgraph
 
 Node = torch.fx.Node
 _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_default", operator.getitem: "getitem"}
@@ -276,10 +276,8 @@ class _Editor:
                     *call.args,
                     *all_pass,
                 )
-                if _unused_body(old_body):  # the body it had served it alone: drop it
+                if drop_unused_body(self.gm, old_body):  # the body it had served it alone
                     self.subgraphs = {k: g for k, g in self.subgraphs.items() if g is not old_body}
-                    self.graph.erase_node(old_body)
-                    delattr(self.gm, old_body.target)
                 self.edited.append(wrapped)
                 self.changed = True
             self._reroute(wrapped, ops.passthrough_values(wrapped), rewires)
@@ -354,12 +352,6 @@ class _Editor:
                 )
         for node in self.switches:
             self.graph.erase_node(node)
-
-
-def _unused_body(body) -> bool:
-    """Whether ``body`` (a ``control_deps``' subgraph argument) is a ``get_attr`` of a top-level
-    submodule that nothing uses any more."""
-    return isinstance(body, Node) and body.op == "get_attr" and "." not in body.target and not body.users
 
 
 def apply_plan(gm: torch.fx.GraphModule, plan: SyncPlan, recompile: bool = True) -> bool:

@@ -25,10 +25,20 @@ def sync_subgraph(owner: torch.nn.Module, target, n_int: int, n_pass: int) -> to
 
 def attr_of(gm: torch.nn.Module, target: str):
     """``gm``'s attribute at the dotted path ``target`` (None if missing)."""
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-    return obj
+    found = ops.attribute(gm, target)
+    return None if found is ops.MISSING else found
+
+
+def drop_unused_body(gm: torch.fx.GraphModule, body) -> bool:
+    """Erase ``body`` (a ``control_deps``' subgraph argument) if it is a ``get_attr`` of a
+    top-level submodule that nothing uses any more, and the submodule once no ``get_attr`` names
+    it (a re-traced graph has one per use); returns whether it erased the node."""
+    if not (isinstance(body, Node) and body.op == "get_attr" and "." not in body.target and not body.users):
+        return False
+    gm.graph.erase_node(body)
+    if not gm.graph.find_nodes(op="get_attr", target=body.target):
+        delattr(gm, body.target)
+    return True
 
 
 def own_sync_body(gm: torch.fx.GraphModule, node: Node, base: str, edit=None) -> Node:
