@@ -44,6 +44,7 @@ import torch
 import torch.fx
 
 from streampass import compat, compile_hook, ops, values
+from streampass.analysis import wellformed
 from streampass.analysis.reading import events_recorded_outside, read_streams
 from streampass.assign.candidates import check_max_streams, cost_model
 from streampass.assign.in_compile import assign_in_place, cost_key, device_cost, serial_summary, summary
@@ -138,6 +139,9 @@ class StreamPass(PassBase):
         if ops.is_sync_subgraph(graph):
             # The body of a control_deps sync, handed over before the graph that calls it: it
             # is planned, verified and lowered as part of that graph.
+            return
+        if (late := wellformed.runtime_index(graph)) is not None:  # nothing here to read or plan
+            warnings.warn(StreamPassWarning(f"node {late.name!r}: {wellformed.RUNTIME_INDEX}"), stacklevel=2)
             return
         gm = graph.owning_module
         kind = compat.graph_kind(graph, is_inference)

@@ -811,3 +811,25 @@ def test_a_stream_index_passed_as_an_argument_may_change_between_calls(dynamic):
         for k in (1, 2, 3, 2):
             torch.testing.assert_close(f(x, k), _on_stream_k(x, k))
     assert sorted({tuple(r.streams) for r in p.reports}) == [(0, 1), (0, 2), (0, 3)]
+
+
+def test_compiling_a_graph_run_already_rewrote_gives_the_graphs_result():
+    """torch.compile of sp.run's result: dynamo cannot trace the control_deps syncs (a graph
+    break at each) and compiles each shared sync body on its own frame, where the event index,
+    an argument that changes between calls, becomes a graph input. StreamPass refused that
+    graph (InductorError: "argument 'event_index' must be an int, got arg0_1"); it leaves it as
+    it is, with a warning, and the result is plain torch.compile's."""
+
+    def f(x, w):
+        with sp.stream(1):
+            a = (x @ w).relu()
+        return a + x.sin()
+
+    torch._dynamo.reset()
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = make_fx(f)(x, w)
+    assert sp.run(gm).ok
+    with pytest.warns(sp.StreamPassWarning, match="index known only at run time"), spi.enabled() as p:
+        out = torch.compile(gm)(x, w)
+    torch.testing.assert_close(out, f(x, w))
+    assert p.reports  # the graphs with nothing of the kind went through the pass as usual

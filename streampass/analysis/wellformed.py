@@ -41,6 +41,37 @@ def argument_problem(call: ops.SyncCall) -> str | None:
     return None
 
 
+RUNTIME_INDEX = (
+    "a stream op with an index known only at run time (dynamo compiled a sync body of a graph "
+    "streampass.run rewrote on its own): left as it is. Compile the function, not run's result "
+    "(docs/inductor.md, Known limits)"
+)
+
+
+def runtime_index(graph: torch.fx.Graph) -> torch.fx.Node | None:
+    """The first stream op whose stream or event index is a value of the graph, not a constant,
+    or None. dynamo makes such graphs when it compiles a graph :func:`streampass.run` rewrote: it
+    cannot trace ``control_deps``, compiles each shared sync body on its own, and makes the
+    index, an argument that changes between calls, a graph input. What the op names is then
+    known only when it runs.
+
+    >>> g = torch.fx.Graph(); index = g.placeholder("index_0")
+    >>> runtime_index(g) is None
+    True
+    >>> record = g.call_function(ops.RECORD_EVENT, (index, 0))
+    >>> runtime_index(g) is record
+    True
+    """
+    for node in graph.nodes:
+        call = ops.as_sync_call(node) if node.op == "call_function" else None
+        if call is not None and any(
+            isinstance(v, torch.fx.Node) and str(a.type) in ("SymInt", "int")
+            for a, v in zip(call.target._schema.arguments, call.args)
+        ):
+            return node
+    return None
+
+
 def _stream_op(sub: torch.fx.GraphModule) -> torch.fx.Node:
     return next(n for n in sub.graph.nodes if n.op == "call_function" and id(n.target) in ops.STREAM_OP_IDS)
 
