@@ -62,8 +62,8 @@ def inline_svg(svg: str) -> str:
 
 _WIDTH = re.compile(r'<svg[^>]*?\swidth="([\d.]+)(?:pt|px)?"')
 #: A drawing wider than this (pt) keeps its own size in its box and scrolls: scaled to the
-#: page (about 1200pt), its 11pt labels would shrink below about 5pt.
-SCROLL_ABOVE_PT = 2600
+#: page (about 1000pt), its 11pt labels would shrink below about 3pt (the demo's, 3100pt wide, fits).
+SCROLL_ABOVE_PT = 4000
 
 
 def svg_block(svg: str) -> str:
