@@ -18,6 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from streampass import annotate, ops, values
 from streampass.analysis.dag import StreamDAG
+from streampass.analysis.verify import verify
 from streampass.errors import StreamPassError
 from streampass.runtime import run_serial
 from streampass.transform.pipeline import run
@@ -306,9 +307,12 @@ def inspect(args: argparse.Namespace) -> int:
     lines = [f"== streampass inspect {args.target} =="] + describe(dag)
     if note:
         lines.append(f"  {note}")
-    if dag.streams == [0]:
+    report = verify(gm)  # the bodies of higher-order ops too
+    if report.streams != dag.streams:
+        lines.append(f"  the bodies of its higher-order ops (torch.cond, ...) run on streams {report.streams}")
+    if report.streams == [0]:
         lines.append("  (only the ambient stream: no node carries a stream annotation or runs in a fork/join region)")
-    hazards = dag.hazards()
+    hazards = report.hazards
     kinds = Counter(h.kind for h in hazards)
     lines.append(
         f"hazards before the pass: {len(hazards)} ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})"

@@ -60,8 +60,8 @@ def test_a_plan_missing_a_wait_fails_both_checks_alike(monkeypatch, seed):
     """The region check finds what the full re-read finds when the edit is wrong."""
     real = pipeline.plan_syncs
 
-    def drop_one_wait(a, reqs=None):
-        plan = real(a, reqs=reqs)
+    def drop_one_wait(a, reqs=None, min_event=0):
+        plan = real(a, reqs=reqs, min_event=min_event)
         victim = plan.waits[seed % len(plan.waits)]
         plan.waits.remove(victim)
         for r in plan.records:

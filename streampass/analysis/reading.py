@@ -244,9 +244,11 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
             passthroughs.append(node)  # an alias that only carries ordering: runs where its wrapper runs
         elif target is getitem and isinstance(node.args[0], torch.fx.Node) and not values.indexes_a_tensor(node):
             # One result of a multi-output op (or a chunk of a list of views): it launches
-            # nothing, and the op's kernel is what writes it.
+            # nothing, and the op's kernel is what writes it, on the op's stream (an exported
+            # higher-order op can leave the annotation on its getitems alone).
             if src is None:
-                producer[node] = producer.get(node.args[0], node.args[0])
+                producer[node] = made_by = producer.get(node.args[0], node.args[0])
+                stream[node] = stream[made_by]
         elif values.is_view(node):
             pass  # metadata only: its readers read the source's storage (root), nothing runs
         elif target is not control_deps:

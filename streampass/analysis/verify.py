@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
+from streampass.analysis import bodies
 from streampass.analysis.dag import StreamDAG
 from streampass.analysis.hazards import KINDS, Hazard, find_hazards
 
@@ -28,6 +29,15 @@ class Report:
             out[h.kind] += 1
         return out
 
+    def with_body(self, body: Report, name: str, op: str) -> Report:
+        """This report and a body's (``name``, called by the node ``op``): the body's hazards
+        name its nodes as ``name.node``."""
+        inside = [
+            Hazard(h.kind, tuple(f"{name}.{n}" for n in h.nodes), f"in {name} (called by {op}): {h.message}")
+            for h in body.hazards
+        ]
+        return Report(self.hazards + inside, sorted(set(self.streams) | set(body.streams)))
+
     def __str__(self) -> str:
         if self.ok:
             return f"no hazards on streams {self.streams}"
@@ -37,7 +47,9 @@ class Report:
 
 
 def verify(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[int] = ()) -> Report:
-    """Check a graph for stream races; never edits it.
+    """Check a graph for stream races; never edits it. The bodies of its higher-order ops
+    (``torch.cond``'s branches, ...) are checked too, each as a graph of its own
+    (:mod:`streampass.analysis.bodies`); their hazards name nodes as ``body.node``.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -50,4 +62,10 @@ def verify(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iterable[i
     (False, ['dealloc', 'entry', 'exit', 'raw'])
     """
     dag = StreamDAG.from_graph(g, external_events)
-    return Report(find_hazards(dag), dag.streams)
+    report = Report(find_hazards(dag), dag.streams)
+    gm = g if isinstance(g, torch.fx.GraphModule) else g.owning_module
+    for body in bodies.bodies(gm) if isinstance(gm, torch.fx.GraphModule) else ():
+        inner = verify(body.module, bodies.external_events(dag.assignment))
+        bodies.check_caller(body, dag.assignment, inner.streams)
+        report = report.with_body(inner, body.name, body.op.name)
+    return report

@@ -52,8 +52,8 @@ class _Planned:
 
 def restreamed(a: StreamAssignment, streams: Mapping[Node, int]) -> StreamAssignment:
     """``a`` with the given compute nodes moved: what :func:`streampass.read_streams` reads from a
-    copy of the graph annotated with ``streams`` (views and getitems carry no annotation of
-    their own, so their stream does not change).
+    copy of the graph annotated with ``streams`` (views carry no annotation of their own, so
+    their stream does not change; a getitem of a multi-output op moves with its op).
 
     >>> import torch, streampass as sp
     >>> gm = torch.fx.symbolic_trace(lambda x: x.sin() + x.cos())
@@ -62,7 +62,11 @@ def restreamed(a: StreamAssignment, streams: Mapping[Node, int]) -> StreamAssign
     >>> restreamed(a, {sin: 2}).streams, a.streams
     ([0, 2], [0])
     """
-    return dataclasses.replace(a, stream={**a.stream, **streams})
+    stream = {**a.stream, **streams}
+    for n, made_by in a.producer.items():
+        if made_by in streams:
+            stream[n] = streams[made_by]
+    return dataclasses.replace(a, stream=stream)
 
 
 def hoisted(a: StreamAssignment) -> StreamAssignment:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch.fx
 
 from streampass import runtime
+from streampass.analysis import bodies
 from streampass.analysis.dag import StreamDAG
 from streampass.analysis.hazards import find_hazards
 from streampass.analysis.reading import StreamAssignment, event_indices, read_streams
@@ -79,6 +80,7 @@ def run(
     bind_runtime: bool = True,
     recompile: bool = True,
     assignment: StreamAssignment | None = None,
+    with_bodies: bool = True,
 ) -> RunResult:
     """Make ``g`` race-free in place: insert the fewest record/wait pairs and encode the order.
 
@@ -93,7 +95,12 @@ def run(
     pass that lowers the graph, not the code). ``assignment``: ``read_streams(g,
     external_events)`` if the caller already has it (used unless the pass first moves nodes);
     the result's ``assignment`` is the reading of the rewritten graph, so that a compiler reads
-    each graph twice in all (before and after), not once per pass.
+    each graph twice in all (before and after), not once per pass. The bodies of the graph's
+    higher-order ops (``torch.cond``'s branches, ...) are made race-free too, each as a graph of
+    its own, with events of their own, all or nothing with the graph
+    (:mod:`streampass.analysis.bodies`); ``with_bodies=False`` leaves them to the caller (inductor
+    hands each body to its passes itself, before the graph that calls it), and new events still
+    take indices no body uses.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -109,7 +116,12 @@ def run(
     if check not in (True, False, "region", "full"):
         raise StreamPassError(f'run(check=...) takes "region", "full", True or False, not {check!r}')
     with collector_paused():
-        return _run(_as_module(g), external_events, check, bind_runtime, recompile, assignment)
+        gm = _as_module(g)
+        if not bodies.bodies(gm):
+            return _run(gm, external_events, check, bind_runtime, recompile, assignment)
+        if not with_bodies:  # planned by the caller, before or after: new events stay clear of theirs
+            return _run(gm, external_events, check, bind_runtime, recompile, assignment, bodies.indices_used(gm) + 1)
+        return _run_with_bodies(gm, external_events, check, bind_runtime, recompile, assignment)
 
 
 @contextlib.contextmanager
@@ -177,7 +189,42 @@ def attributes_to_hoist(nodes: list[torch.fx.Node]) -> tuple[list[torch.fx.Node]
     return lead, [n for n in nodes[len(lead) :] if n.op == "get_attr"]
 
 
-def _run(gm, external_events, check, bind_runtime, recompile, given=None) -> RunResult:
+def _run_with_bodies(gm, external_events, check, bind_runtime, recompile, given) -> RunResult:
+    """:func:`_run` on ``gm``, then on each body under it (a body is planned in the body: it runs
+    on the stream that calls it, which the calling graph reads as one kernel). A body shares the
+    event table of its caller, so every new event takes an index no graph of the tree uses."""
+    saved = [snapshot.take(m) for m in (gm, *bodies.nested(gm))]
+    try:
+        result, _ = _run_tree(gm, external_events, check, bind_runtime, recompile, given, bodies.indices_used(gm) + 1)
+        return result
+    except Exception as e:
+        for s in saved:
+            s.restore()
+        if isinstance(e, StreamPassError):
+            raise
+        raise StreamPassError(f"internal error ({e!r}); the graph was restored") from e
+
+
+def _run_tree(gm, external_events, check, bind_runtime, recompile, given, first_event) -> tuple[RunResult, int]:
+    result = _run(gm, external_events, check, bind_runtime, recompile, given, first_event)
+    free = max(first_event, result.plan.first_event + len(result.plan.records))
+    caller = result.assignment if result.assignment is not None else read_streams(gm, external_events)
+    for body in bodies.bodies(gm):
+        inner, free = _run_tree(body.module, bodies.external_events(caller), check, bind_runtime, True, None, free)
+        bodies.check_caller(body, caller, inner.before.streams)
+        result = RunResult(
+            result.before.with_body(inner.before, body.name, body.op.name),
+            result.after.with_body(inner.after, body.name, body.op.name),
+            result.records_added + inner.records_added,
+            result.waits_added + inner.waits_added,
+            result.changed or inner.changed,
+            result.plan,
+            result.assignment,
+        )
+    return result, free
+
+
+def _run(gm, external_events, check, bind_runtime, recompile, given=None, first_event=0) -> RunResult:
     external_events = tuple(sorted(event_indices(external_events)))
     if given is not None and (given.graph is not gm.graph or given.external_events != frozenset(external_events)):
         raise StreamPassError("run(assignment=...) must be read_streams of this graph with the same external_events")
@@ -188,7 +235,7 @@ def _run(gm, external_events, check, bind_runtime, recompile, given=None) -> Run
         dag = StreamDAG(assignment)
         reqs = requirements(assignment)
         before = Report(find_hazards(dag, reqs), dag.streams)
-        plan = plan_syncs(assignment, reqs=reqs)
+        plan = plan_syncs(assignment, reqs=reqs, min_event=first_event)
         edited, final = apply_and_read(gm, plan, recompile=recompile)
         changed = edited or hoisted
     except Exception as e:

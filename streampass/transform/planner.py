@@ -40,7 +40,7 @@ PRUNE_EVERY = 64  # demands between prunes of a frontier that did not change
 
 
 class Planner:
-    def __init__(self, a: StreamAssignment, dealloc: bool):
+    def __init__(self, a: StreamAssignment, dealloc: bool, min_event: int = 0):
         self.a, self.dealloc = a, dealloc
         self.streams = a.streams
         self.slot = {s: i for i, s in enumerate(self.streams)}
@@ -51,7 +51,7 @@ class Planner:
             on.append(n)
             self.pos[n] = len(on)
         self.counts = [len(on) for on in self.on]
-        self.plan = SyncPlan(a, first_event=first_free_event(a))
+        self.plan = SyncPlan(a, first_event=max(first_free_event(a), min_event))
         self.record_at: dict[tuple[int, int], tuple[Node, int]] = {}
         self._ends: dict[tuple[int, int], int] = {}
         recorded: dict[int, int] = defaultdict(int)
@@ -373,12 +373,13 @@ def _passable(n: Node, syncs) -> bool:
     return n.op in ("placeholder", "get_attr") or does_no_work(n)
 
 
-def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan:
+def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None, min_event: int = 0) -> SyncPlan:
     """The records and waits that make the graph read into ``a`` race-free; edits nothing.
 
     ``dealloc=False`` leaves out the free points (the waits that defer frees of values read
     on other streams), to count the ordering waits alone. ``reqs``: the graph's
-    :func:`~streampass.analysis.requirements.requirements`, if already computed.
+    :func:`~streampass.analysis.requirements.requirements`, if already computed. New events
+    take indices from ``min_event`` up if that is above the graph's own (for bodies).
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -394,6 +395,6 @@ def plan_syncs(a: StreamAssignment, dealloc: bool = True, reqs=None) -> SyncPlan
     ``sin``, stream 1 waits for the add before ``sin`` may be freed, and the ambient stream
     joins stream 1 after that (capturable).
     """
-    plan = Planner(a, dealloc).run(reqs)
+    plan = Planner(a, dealloc, min_event).run(reqs)
     check_event_indices(a, plan.first_event, len(plan.records))
     return plan

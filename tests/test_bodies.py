@@ -1,0 +1,175 @@
+"""Streams inside the bodies of higher-order ops (``torch.cond``'s branches, ``no_grad`` blocks
+that strict export wraps): read, verified and planned in the body (issue 12). Before, the
+standalone ``verify`` said a graph with a branch on stream 1 was race-free and ``run`` added
+nothing: a missed race."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import streampass as sp
+from streampass import ops
+from streampass.transform.plan import EVENT_BASE
+
+
+class Branches(torch.nn.Module):
+    """A side-stream producer before a cond and its reader after it (the outer graph's syncs span
+    the cond), and both branches on stream 2."""
+
+    def forward(self, x):
+        with sp.stream(1):
+            early = x.exp()
+        y = x.sin() * 2
+
+        def on_2(y):
+            with sp.stream(2):
+                return y.cos() + 1
+
+        def on_2_too(y):
+            with sp.stream(2):
+                return y.tan()
+
+        return torch.cond(y.sum() > 0, on_2, on_2_too, (y,)) + early
+
+
+class NoGrad(torch.nn.Module):
+    def forward(self, x):
+        y = x.sin()
+        with torch.no_grad():
+            with sp.stream(1):
+                z = y.cos()
+        return z + 1
+
+
+def exported(module: torch.nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+    # strict export keeps the annotations inside the bodies (make_fx and non-strict drop them)
+    return torch.export.export(module, (x,), strict=True).graph_module
+
+
+def events(gm: torch.fx.GraphModule) -> list[int]:
+    return [
+        c.args[0] for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None and c.target is ops.RECORD_EVENT
+    ]
+
+
+def written(gm: torch.fx.GraphModule):
+    return gm.code, [(n.name, n.target, n.args) for n in gm.graph.nodes]
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_streams_in_cond_branches_are_verified_and_planned(sign):
+    x = torch.randn(4).abs() * sign
+    gm = exported(Branches(), x)
+    report = sp.verify(gm)
+    assert report.streams == [0, 1, 2]
+    inside = sorted((h.kind, h.nodes) for h in report.hazards if h.nodes[0].startswith(("true", "false")))
+    assert inside == [
+        ("entry", ("false_graph_0.mul", "false_graph_0.tan")),
+        ("entry", ("true_graph_0.mul", "true_graph_0.cos")),
+        ("exit", ("false_graph_0.tan", "false_graph_0.output")),
+        ("exit", ("true_graph_0.add", "true_graph_0.output")),
+    ]
+    assert "in true_graph_0 (called by cond): cos on stream 2" in str(report)
+
+    result = sp.run(gm)
+    assert result.ok and sp.verify(gm).ok
+    assert result.waits_added >= 4 + 4  # the branches' entry and exit, the outer graph's
+    assert events(gm.true_graph_0) and events(gm.false_graph_0)
+    # The cond runs between an outer record and its wait: a branch re-recording one of the
+    # outer graph's events would make that wait wait for the branch instead.
+    everything = events(gm) + events(gm.true_graph_0) + events(gm.false_graph_0)
+    assert len(set(everything)) == len(everything) and min(everything) >= EVENT_BASE
+    assert not sp.run(gm).changed
+    torch.testing.assert_close(gm(x)[0], Branches()(x))
+
+
+def test_a_graph_planned_after_its_bodies_takes_events_they_do_not_use():
+    """inductor hands the bodies to the pass first, then the graph that calls them
+    (``with_bodies=False``): its new events must still differ from the bodies'."""
+    x = torch.randn(4).abs()
+    gm = exported(Branches(), x)
+    for body in (gm.true_graph_0, gm.false_graph_0):
+        assert sp.run(body).ok
+    assert sp.run(gm, with_bodies=False).ok
+    # (the two branches may share events: one runs at a time, each after the other's waits)
+    assert events(gm) and not set(events(gm)) & set(events(gm.true_graph_0) + events(gm.false_graph_0))
+    torch.testing.assert_close(gm(x)[0], Branches()(x))
+
+
+def test_a_getitem_of_an_exported_no_grad_block_is_on_its_op_stream():
+    """Strict export wraps the block in wrap_with_set_grad_enabled, annotates its getitem and
+    not the op: the getitem made nothing on stream 1 (a spurious dealloc hazard, and syncs
+    around it), and the cos on stream 1 that reads sin went unseen."""
+    x = torch.randn(4)
+    gm = exported(NoGrad(), x)
+    a = sp.read_streams(gm)
+    assert {n.name: s for n, s in a.stream.items() if n.op != "get_attr"} == dict.fromkeys(
+        ("x", "sin", "cos", "getitem", "add", "output"), 0
+    )
+    report = sp.verify(gm)
+    assert sorted(h.kind for h in report.hazards) == ["entry", "exit"]
+    assert all(h.nodes[0].startswith("submod_") for h in report.hazards)
+    result = sp.run(gm)
+    assert result.ok and sp.verify(gm).ok and not sp.run(gm).changed
+    torch.testing.assert_close(gm(x)[0], NoGrad()(x))
+
+
+def test_a_cond_on_a_side_stream_with_streams_in_its_branch_is_refused_whole():
+    class OnSide(torch.nn.Module):
+        def forward(self, x):
+            def on_2(y):
+                with sp.stream(2):
+                    return y.cos()
+
+            with sp.stream(1):
+                x = x.sin()  # the outer graph has its own syncs to plan
+                return torch.cond(x.sum() > 0, on_2, lambda y: y.tan(), (x,))
+
+    gm = exported(OnSide(), torch.randn(4))
+    before = [written(m) for m in (gm, gm.true_graph_0, gm.false_graph_0)]
+    for check in (sp.verify, sp.run):
+        with pytest.raises(sp.StreamPassError, match="runs on stream 1, and its body true_graph_0") as info:
+            check(gm)
+        assert info.value.node == "cond"
+        assert [written(m) for m in (gm, gm.true_graph_0, gm.false_graph_0)] == before
+
+
+def test_a_refused_branch_leaves_the_graph_and_every_branch_as_they_were():
+    x = torch.randn(4)
+    gm = exported(Branches(), x)
+    body = gm.false_graph_0.graph
+    tan = next(n for n in body.nodes if n.name == "tan")
+    with body.inserting_before(tan):
+        body.call_function(ops.JOIN, (2, 0), name="bad_join")  # a join with no fork
+    gm.false_graph_0.recompile()
+    before = [written(m) for m in (gm, gm.true_graph_0, gm.false_graph_0)]
+    with pytest.raises(sp.StreamPassError, match="join") as info:
+        sp.run(gm)
+    assert info.value.node == "bad_join"
+    assert [written(m) for m in (gm, gm.true_graph_0, gm.false_graph_0)] == before
+
+
+def test_inductor_plans_each_body_on_its_own():
+    """Inside torch.compile inductor hands every body to the post-grad pass itself: StreamPass
+    plans each graph once, bodies included, and the result equals eager."""
+    import streampass.inductor as spi
+
+    def f(x):
+        y = x.sin() * 2
+
+        def on_1(y):
+            with sp.stream(1):
+                return y.cos() + 1
+
+        return torch.cond(y.sum() > 0, on_1, lambda y: y.tan(), (y,))
+
+    p = sp.StreamPass(keep_graphs=True)
+    x = torch.randn(4).abs()
+    with spi.enabled(p):
+        out = torch.compile(f, fullgraph=True)(x)
+    torch.testing.assert_close(out, f(x))
+    planned = [r for r in p.reports if r.waits_added]
+    assert len(planned) == 1 and planned[0].streams == [0, 1]
+    kept = [(r.verified_graph, r.external_events) for r in p.reports if r.verified_graph is not None]
+    assert kept and all(sp.verify(g, external_events=e).ok for g, e in kept)
