@@ -42,9 +42,9 @@ class NoGrad(torch.nn.Module):
         return z + 1
 
 
-def exported(module: torch.nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+def exported(module: torch.nn.Module, *args: torch.Tensor) -> torch.fx.GraphModule:
     # strict export keeps the annotations inside the bodies (make_fx and non-strict drop them)
-    return torch.export.export(module, (x,), strict=True).graph_module
+    return torch.export.export(module, args, strict=True).graph_module
 
 
 def events(gm: torch.fx.GraphModule) -> list[int]:
@@ -113,6 +113,24 @@ def test_a_getitem_of_an_exported_no_grad_block_is_on_its_op_stream():
     result = sp.run(gm)
     assert result.ok and sp.verify(gm).ok and not sp.run(gm).changed
     torch.testing.assert_close(gm(x)[0], NoGrad()(x))
+
+
+def test_streams_in_a_map_body_are_planned():
+    from torch._higher_order_ops.map import map as hop_map
+
+    class Mapped(torch.nn.Module):
+        def forward(self, xs, y):
+            def body(x, z):
+                with sp.stream(1):
+                    return x.cos() + z
+
+            return hop_map(body, xs, y.sin())
+
+    args = (torch.randn(3, 4), torch.randn(4))
+    gm = exported(Mapped(), *args)
+    assert sorted(h.kind for h in sp.verify(gm).hazards) == ["entry", "entry", "exit"]
+    assert sp.run(gm).ok and sp.verify(gm).ok and not sp.run(gm).changed
+    torch.testing.assert_close(gm(*args)[0], Mapped()(*args))
 
 
 def test_a_cond_on_a_side_stream_with_streams_in_its_branch_is_refused_whole():
