@@ -30,7 +30,6 @@ torch 2.13.0):
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import hashlib
 import json
@@ -51,6 +50,7 @@ from streampass.assign.in_compile import assign_in_place, cost_key, device_cost,
 from streampass.compat import PassBase, PassChain, aot_guard_off, aot_guard_on, cpu_safe_aot, post_grad_config
 from streampass.errors import StreamPassError, StreamPassWarning
 from streampass.graph_report import GraphReport, nonzero
+from streampass.kept_graphs import KeptGraphs
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import dynamo_indices, snapshot
@@ -120,7 +120,7 @@ class StreamPass(PassBase):
             check_max_streams(max_streams)
             if assign_cost is not None:
                 cost_model(assign_cost)
-        self.keep_graphs = keep_graphs
+        self.keep_graphs, self._kept = keep_graphs, KeptGraphs()
         self.assign, self.assign_cost, self.max_streams = assign, assign_cost, max_streams
         self.reports: list[GraphReport] = []
         # Wherever this pass is installed (enable(), enabled(), torch.compile(options=...)), the
@@ -169,7 +169,9 @@ class StreamPass(PassBase):
         cross = sum(1 for n in a.nodes for i in n.all_input_nodes if a.stream[i] != a.stream[n])
         if a.streams == [AMBIENT] and not a.syncs:
             # Nothing to plan. On CPU an explicit ``custom.stream = 0`` must still not reach
-            # inductor's CPU codegen.
+            # inductor's CPU codegen. Kept, unreported, for the graphs that call it (a body).
+            if self.keep_graphs:
+                self._kept.keep(gm)
             lowered = not _gpu(device) and lower_for_cpu(gm, a)
             return GraphReport(
                 kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",
@@ -177,7 +179,7 @@ class StreamPass(PassBase):
             )  # fmt: skip
         # inductor hands each body of a higher-order op to this pass on its own: not planned here
         result = run(gm, external, bind_runtime=False, recompile=False, assignment=a, with_bodies=False)
-        kept = _copy(gm) if self.keep_graphs else None
+        kept = self._kept.keep(gm) if self.keep_graphs else None
         if not _gpu(device):
             lowering = "cpu"
             lower_for_cpu(gm, result.assignment)
@@ -233,10 +235,6 @@ def _emit(report: GraphReport) -> None:
         metadata_fn=lambda: {"name": "streampass_report", "encoding": "json"},
         payload_fn=lambda: json.dumps(report.to_json()),
     )
-
-
-def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 # --------------------------------------------------------------------------------------------

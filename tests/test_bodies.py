@@ -191,3 +191,26 @@ def test_inductor_plans_each_body_on_its_own():
     assert len(planned) == 1 and planned[0].streams == [0, 1]
     kept = [(r.verified_graph, r.external_events) for r in p.reports if r.verified_graph is not None]
     assert kept and all(sp.verify(g, external_events=e).ok for g, e in kept)
+
+
+def test_a_kept_graph_verifies_with_its_bodies_as_the_pass_left_them():
+    """inductor edits a body after the pass has seen it (the CPU lowering; under fallback_random
+    torch wraps its random ops in control_deps): a kept graph holds the bodies' kept copies, so
+    verify checks what the pass left (it read the live body and refused torch's wrapper)."""
+    import streampass.inductor as spi
+
+    def branch(x):
+        return torch.rand_like(x) + torch.randn_like(x)  # two random ops: chained by torch
+
+    def f(x):
+        with sp.stream(1):
+            y = x.sin()
+        return torch.cond(x.sum() > 0, branch, lambda x: x * 2, (y,))
+
+    torch._dynamo.reset()
+    p = sp.StreamPass(keep_graphs=True)
+    with torch._inductor.config.patch(fallback_random=True), spi.enabled(p):
+        torch.compile(f)(torch.ones(4, 4))
+    outer = [r for r in p.reports if r.verified_graph is not None and r.streams == [0, 1]]
+    assert len(outer) == 1
+    assert sp.verify(outer[0].verified_graph, external_events=outer[0].external_events).ok
