@@ -153,6 +153,23 @@ def test_a_cond_on_a_side_stream_with_streams_in_its_branch_is_refused_whole():
         assert [written(m) for m in (gm, gm.true_graph_0, gm.false_graph_0)] == before
 
 
+def test_a_cond_inside_a_stream_block_with_plain_branches_is_planned():
+    """Strict export copies the block's stream onto the branches' nodes: such a branch runs
+    on the op's own stream and is planned, not refused (a refusal here was a regression)."""
+
+    class Inside(torch.nn.Module):
+        def forward(self, x):
+            with sp.stream(1):
+                y = x.sin()
+                b = torch.cond(y.sum() > 1, lambda y: y.cos(), lambda y: y.tan(), (y,))
+            return b + x
+
+    x = torch.randn(4)
+    gm = exported(Inside(), x)
+    assert sp.run(gm).ok and sp.verify(gm).ok and not sp.run(gm).changed
+    torch.testing.assert_close(gm(x)[0], Inside()(x))
+
+
 def test_a_refused_branch_leaves_the_graph_and_every_branch_as_they_were():
     x = torch.randn(4)
     gm = exported(Branches(), x)
