@@ -30,7 +30,7 @@ from streampass.ops import AMBIENT
 from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_thread
 from streampass.transform.plan import SyncPlan
 from streampass.transform.reading_after import check_order, check_region, reading_after
-from streampass.transform.subgraphs import attr_of, drop_unused_body, free_attr, sync_subgraph
+from streampass.transform.subgraphs import drop_unused_body, free_attr, sync_subgraph
 
 Node = torch.fx.Node
 _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_default", operator.getitem: "getitem"}
@@ -139,7 +139,7 @@ class _Editor:
             if call is None or call.target not in WRAPPABLE:
                 if n.op in ("call_function", "call_method", "call_module") and n.target is not operator.getitem:
                     pending.setdefault(s, []).append(n)
-                elif n.op == "get_attr" and isinstance(attr_of(self.gm, n.target), torch.Tensor):
+                elif n.op == "get_attr" and isinstance(ops.attribute(self.gm, n.target), torch.Tensor):
                     # A parameter or buffer has no inputs: without this, a later pass may sort
                     # it after the records that cover it as an input.
                     pending.setdefault(s, []).append(n)

@@ -23,12 +23,6 @@ def sync_subgraph(owner: torch.nn.Module, target, n_int: int, n_pass: int) -> to
     return _LazyGraphModule(owner, g, class_name="StreamSync")
 
 
-def attr_of(gm: torch.nn.Module, target: str):
-    """``gm``'s attribute at the dotted path ``target`` (None if missing)."""
-    found = ops.attribute(gm, target)
-    return None if found is ops.MISSING else found
-
-
 def drop_unused_body(gm: torch.fx.GraphModule, body) -> bool:
     """Erase ``body`` (a ``control_deps``' subgraph argument) if it is a ``get_attr`` of a
     top-level submodule that nothing uses any more, and the submodule once no ``get_attr`` names
