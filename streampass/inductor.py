@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from streampass import compat, compile_hook, ops, values
+from streampass import compat, compile_hook, ops, runtime, values
 from streampass.analysis import wellformed
 from streampass.analysis.reading import events_recorded_outside, read_streams
 from streampass.assign.candidates import check_max_streams, cost_model
@@ -172,6 +172,7 @@ class StreamPass(PassBase):
             # inductor's CPU codegen. Kept, unreported, for the graphs that call it (a body).
             if self.keep_graphs:
                 self._kept.keep(gm)
+            runtime.state(gm)["streams"] = [AMBIENT]  # what a caller reads of a body (bodies.planned_streams)
             lowered = not _gpu(device) and lower_for_cpu(gm, a)
             return GraphReport(
                 kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",

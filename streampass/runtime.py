@@ -200,7 +200,9 @@ def _no_table() -> None:
 
 def state(gm: torch.fx.GraphModule) -> dict:
     """streampass's record on ``gm`` (``gm.meta["streampass"]``): the external events it was
-    run with and the cached :class:`StreamTable`. It travels with ``copy.deepcopy`` and pickling.
+    run with, the cached :class:`StreamTable` and, once :func:`streampass.run` planned it, the
+    streams it read (``"streams"``: a body's, for the graph that calls it). It travels with
+    ``copy.deepcopy`` and pickling.
 
     >>> import torch
     >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)

@@ -133,24 +133,40 @@ def test_streams_in_a_map_body_are_planned():
     torch.testing.assert_close(gm(*args)[0], Mapped()(*args))
 
 
-def test_a_cond_on_a_side_stream_with_streams_in_its_branch_is_refused_whole():
-    class OnSide(torch.nn.Module):
-        def forward(self, x):
-            def on_2(y):
-                with sp.stream(2):
-                    return y.cos()
+class OnSide(torch.nn.Module):
+    """A cond inside a stream-1 block whose true branch puts work on stream 2."""
 
-            with sp.stream(1):
-                x = x.sin()  # the outer graph has its own syncs to plan
-                return torch.cond(x.sum() > 0, on_2, lambda y: y.tan(), (x,))
+    def forward(self, x):
+        def on_2(y):
+            with sp.stream(2):
+                return y.cos()
 
-    gm = exported(OnSide(), torch.randn(4))
+        with sp.stream(1):
+            x = x.sin()  # the outer graph has its own syncs to plan
+            return torch.cond(x.sum() > 0, on_2, lambda y: y.tan(), (x,))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_cond_on_a_side_stream_with_streams_in_its_branch_moves_to_the_ambient_stream(sign):
+    """verify cannot read such a branch (its streams are read from the ambient stream, the op
+    runs on stream 1) and says so; run moves the cond to the ambient stream, with a warning,
+    and plans the rest. Before, run refused the graph (and under torch.compile the body was
+    planned from stream 0 while it ran on stream 1: its syncs named the wrong stream)."""
+    x = torch.randn(4).abs() * sign
+    gm = exported(OnSide(), x)
     before = [written(m) for m in (gm, gm.true_graph_0, gm.false_graph_0)]
-    for check in (sp.verify, sp.run):
-        with pytest.raises(sp.StreamPassError, match="runs on stream 1, and its body true_graph_0") as info:
-            check(gm)
-        assert info.value.node == "cond"
-        assert [written(m) for m in (gm, gm.true_graph_0, gm.false_graph_0)] == before
+    with pytest.raises(sp.StreamPassError, match="runs on stream 1, and its body true_graph_0") as info:
+        sp.verify(gm)
+    assert info.value.node == "cond"
+    assert [written(m) for m in (gm, gm.true_graph_0, gm.false_graph_0)] == before
+
+    with pytest.warns(sp.StreamPassWarning, match="node 'cond': runs on stream 1.*moved to the ambient stream"):
+        result = sp.run(gm)
+    assert result.ok and sp.verify(gm).ok and not sp.run(gm).changed
+    cond = next(n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond)
+    assert sp.read_streams(gm).stream[cond] == 0
+    assert events(gm.true_graph_0)  # the branch's own stream 2 is planned
+    torch.testing.assert_close(gm(x)[0], OnSide()(x))
 
 
 def test_a_cond_inside_a_stream_block_with_plain_branches_is_planned():
@@ -231,3 +247,80 @@ def test_a_kept_graph_verifies_with_its_bodies_as_the_pass_left_them():
     outer = [r for r in p.reports if r.verified_graph is not None and r.streams == [0, 1]]
     assert len(outer) == 1
     assert sp.verify(outer[0].verified_graph, external_events=outer[0].external_events).ok
+
+
+def test_a_body_shared_by_two_ops_is_checked_against_each():
+    """One body called by a cond on the ambient stream and by another on stream 1 (dynamo reuses
+    an ``invoke_subgraph`` body, a graph traced again names a module once per use): verify
+    refuses the second caller and run moves it. Before, only the first caller was looked at:
+    the body was planned from stream 0 while it also ran on stream 1."""
+
+    def on_2(y):
+        with sp.stream(2):
+            return y.cos()
+
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            a = torch.cond(x.sum() > 0, on_2, lambda y: y.tan(), (x,))
+            with sp.stream(1):
+                b = torch.cond(x.sum() > 1, on_2, lambda y: y.tan(), (x,))
+            return a + b
+
+    x = torch.randn(4)
+    gm = exported(Twice(), x)
+    for node in gm.graph.find_nodes(op="get_attr"):  # the second cond calls the first's branches
+        node.target = node.target.replace("_graph_1", "_graph_0")
+    gm.recompile()
+    with pytest.raises(sp.StreamPassError, match="runs on stream 1, and its body true_graph_0") as info:
+        sp.verify(gm)
+    assert info.value.node == "cond_1"
+    with pytest.warns(sp.StreamPassWarning, match="node 'cond_1': runs on stream 1"):
+        assert sp.run(gm).ok
+    assert sp.verify(gm).ok
+    torch.testing.assert_close(gm(x)[0], Twice()(x))
+
+
+def test_a_refused_body_leaves_no_runtime_hooks_or_record_on_its_caller():
+    """The caller is planned before its bodies; when a body is refused, the caller's code comes
+    back, and so must its record and the hooks that bind its table (they were left behind)."""
+    x = torch.randn(4)
+    gm = exported(Branches(), x)
+    body = gm.false_graph_0.graph
+    with body.inserting_before(next(n for n in body.nodes if n.name == "tan")):
+        body.call_function(ops.JOIN, (2, 0), name="bad_join")
+    gm.false_graph_0.recompile()
+    meta = [dict(m.meta) for m in (gm, gm.true_graph_0)]
+    with pytest.raises(sp.StreamPassError, match="join"):
+        sp.run(gm)
+    assert [dict(m.meta) for m in (gm, gm.true_graph_0)] == meta
+    assert not gm._forward_pre_hooks and not gm.true_graph_0._forward_pre_hooks
+
+
+def test_a_graph_planned_without_its_bodies_moves_an_op_whose_body_has_streams():
+    """run(with_bodies=False), as StreamPass plans each graph under torch.compile (the bodies
+    first), reads the streams the body was planned with and moves the op as run does. Before,
+    it planned the caller as it was: the two disagreed and verify refused the result."""
+    x = torch.randn(4)
+    gm = exported(OnSide(), x)
+    assert sp.run(gm.true_graph_0).ok  # planned first, as inductor does: the body's record says [0, 2]
+    assert sp.run(gm.false_graph_0).ok
+    with pytest.warns(sp.StreamPassWarning, match="node 'cond': runs on stream 1.*streams \\[0, 2\\]"):
+        assert sp.run(gm, with_bodies=False).ok
+    assert sp.verify(gm).ok
+    torch.testing.assert_close(gm(x)[0], OnSide()(x))
+
+
+def test_a_body_on_a_side_stream_is_planned_under_torch_compile():
+    """The same program compiled: inductor hands the branches to the pass before the graph that
+    calls them; the cond moves to the ambient stream, the result equals eager and every kept
+    graph verifies."""
+    import streampass.inductor as spi
+
+    torch._dynamo.reset()
+    p = sp.StreamPass(keep_graphs=True)
+    x = torch.randn(4).abs()
+    with spi.enabled(p), pytest.warns(sp.StreamPassWarning, match="moved to the ambient stream"):
+        out = torch.compile(OnSide(), fullgraph=True)(x)
+    torch.testing.assert_close(out, OnSide()(x))
+    kept = [(r.verified_graph, r.external_events) for r in p.reports if r.verified_graph is not None]
+    assert len(kept) >= 2 and all(sp.verify(g, external_events=e).ok for g, e in kept)

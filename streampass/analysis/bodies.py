@@ -7,22 +7,26 @@ they are streampass's syncs, read as part of the graph that calls them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch.fx
 
 from streampass import ops
-from streampass.analysis.reading import AMBIENT, StreamAssignment, annotated_stream
+from streampass.analysis.reading import AMBIENT, StreamAssignment, annotated_stream, read_streams
 from streampass.errors import StreamPassError
 
 
 @dataclass(frozen=True)
 class Body:
-    """One body: the higher-order op's node that calls it, and its attribute's name."""
+    """One body: the higher-order op's node that calls it first, its attribute's name, and
+    every op that calls it (a body can be shared: a graph traced again names a module once per
+    use, dynamo reuses one ``invoke_subgraph`` body for repeated calls)."""
 
     op: torch.fx.Node
     name: str
     module: torch.fx.GraphModule
+    callers: tuple[torch.fx.Node, ...] = ()
 
 
 def bodies(gm: torch.fx.GraphModule) -> list[Body]:
@@ -46,9 +50,10 @@ def bodies(gm: torch.fx.GraphModule) -> list[Body]:
                 user.op == "call_function"
                 and isinstance(user.target, torch._ops.HigherOrderOperator)
                 and user.target is not ops.CONTROL_DEPS
-                and id(module) not in found
             ):
-                found[id(module)] = Body(user, getter.target, module)
+                first = found.setdefault(id(module), Body(user, getter.target, module))
+                if user not in first.callers:
+                    found[id(module)] = dataclasses.replace(first, callers=(*first.callers, user))
     return list(found.values())
 
 
@@ -86,14 +91,32 @@ def external_events(a: StreamAssignment) -> frozenset[int]:
     return a.events() | a.external_events
 
 
+def off_ambient(body: Body, caller: StreamAssignment, body_streams: list[int]) -> list[torch.fx.Node]:
+    """The ops calling ``body`` that run on a side stream ``k`` while the body puts work on
+    streams other than ``k`` and the ambient one. A body's streams are read (and planned) from
+    the ambient stream, so such an op must run there (:func:`streampass.run` moves it). A body
+    on ``k`` alone (strict export copies the op's annotation onto its nodes) is planned with
+    syncs between ``k`` and the ambient stream: more order than needed, never less."""
+    return [
+        op
+        for op in body.callers or (body.op,)
+        if caller.stream.get(op, AMBIENT) != AMBIENT and not set(body_streams) <= {AMBIENT, caller.stream[op]}
+    ]
+
+
 def check_caller(body: Body, caller: StreamAssignment, body_streams: list[int]) -> None:
-    """Refuse a body that puts work on other streams while its op runs on a side stream ``k``.
-    A body on ``k`` alone (strict export copies the op's annotation onto its nodes) is planned
-    with syncs between ``k`` and the ambient stream: more order than needed, never less."""
-    k = caller.stream.get(body.op, AMBIENT)
-    if k != AMBIENT and not set(body_streams) <= {AMBIENT, k}:
+    """Refuse a body that :func:`off_ambient` says cannot run where its op does."""
+    for op in off_ambient(body, caller, body_streams)[:1]:
         raise StreamPassError(
-            f"runs on stream {k}, and its body {body.name} places work on streams {body_streams}: streampass "
-            "plans a body's streams only when the op that calls it runs on the ambient stream",
-            body.op.name,
+            f"runs on stream {caller.stream[op]}, and its body {body.name} places work on streams {body_streams}: "
+            "streampass reads a body's streams only when the op that calls it runs on the ambient stream "
+            "(streampass.run moves it there)",
+            op.name,
         )
+
+
+def planned_streams(module: torch.fx.GraphModule) -> list[int]:
+    """The streams ``module`` used when :func:`streampass.run` last planned it (inductor hands a
+    body to the pass, and lowers it, before the graph that calls it), or as it reads now."""
+    record = module.meta.get("streampass", {})
+    return list(record["streams"]) if "streams" in record else read_streams(module).streams

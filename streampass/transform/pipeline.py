@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch.fx
@@ -17,7 +19,8 @@ from streampass.analysis.hazards import find_hazards
 from streampass.analysis.reading import StreamAssignment, event_indices, read_streams
 from streampass.analysis.requirements import exit_joins, requirements
 from streampass.analysis.verify import Report
-from streampass.errors import StreamPassError
+from streampass.errors import StreamPassError, StreamPassWarning
+from streampass.ops import AMBIENT
 from streampass.transform import snapshot
 from streampass.transform.apply import apply_and_read
 from streampass.transform.plan import SyncPlan
@@ -120,7 +123,11 @@ def run(
         if not bodies.bodies(gm):
             return _run(gm, external_events, check, bind_runtime, recompile, assignment)
         if not with_bodies:  # planned by the caller, before or after: new events stay clear of theirs
-            return _run(gm, external_events, check, bind_runtime, recompile, assignment, bodies.indices_used(gm) + 1)
+            with snapshot.all_or_nothing(gm):
+                assignment = _bodies_callers_to_ambient(gm, external_events, assignment, bodies.planned_streams)
+                return _run(
+                    gm, external_events, check, bind_runtime, recompile, assignment, bodies.indices_used(gm) + 1
+                )
         return _run_with_bodies(gm, external_events, check, bind_runtime, recompile, assignment)
 
 
@@ -194,23 +201,31 @@ def _run_with_bodies(gm, external_events, check, bind_runtime, recompile, given)
     on the stream that calls it, which the calling graph reads as one kernel). A body shares the
     event table of its caller, so every new event takes an index no graph of the tree uses."""
     saved = [snapshot.take(m) for m in (gm, *bodies.nested(gm))]
+    records: list[Callable[[], None]] = []  # written once the whole tree is planned
     try:
-        result, _ = _run_tree(gm, external_events, check, bind_runtime, recompile, given, bodies.indices_used(gm) + 1)
-        return result
+        first = bodies.indices_used(gm) + 1
+        result, _ = _run_tree(gm, external_events, check, bind_runtime, recompile, given, first, records)
     except Exception as e:
         for s in saved:
             s.restore()
         if isinstance(e, StreamPassError):
             raise
         raise StreamPassError(f"internal error ({e!r}); the graph was restored") from e
+    for write in records:
+        write()
+    return result
 
 
-def _run_tree(gm, external_events, check, bind_runtime, recompile, given, first_event) -> tuple[RunResult, int]:
-    result = _run(gm, external_events, check, bind_runtime, recompile, given, first_event)
+def _run_tree(gm, external_events, check, bind_runtime, recompile, given, first_event, records):
+    given = _bodies_callers_to_ambient(gm, external_events, given, None)
+    result = _run(gm, external_events, check, bind_runtime, recompile, given, first_event, records)
     free = max(first_event, result.plan.first_event + len(result.plan.records))
     caller = result.assignment if result.assignment is not None else read_streams(gm, external_events)
     for body in bodies.bodies(gm):
-        inner, free = _run_tree(body.module, bodies.external_events(caller), check, bind_runtime, True, None, free)
+        # Bodies are recompiled whatever ``recompile`` says: the caller's code calls them.
+        inner, free = _run_tree(
+            body.module, bodies.external_events(caller), check, bind_runtime, True, None, free, records
+        )
         bodies.check_caller(body, caller, inner.before.streams)
         result = RunResult(
             result.before.with_body(inner.before, body.name, body.op.name),
@@ -224,7 +239,33 @@ def _run_tree(gm, external_events, check, bind_runtime, recompile, given, first_
     return result, free
 
 
-def _run(gm, external_events, check, bind_runtime, recompile, given=None, first_event=0) -> RunResult:
+def _bodies_callers_to_ambient(gm, external_events, given, streams_of) -> StreamAssignment | None:
+    """Move each higher-order op that runs on a side stream and calls a body with streams of its
+    own to the ambient stream (``bodies.off_ambient``; a warning says so), before ``gm`` is
+    planned: the body is planned from the ambient stream, and syncs order the op with the side
+    stream's work. Returns ``gm``'s reading: ``given``, or a new one if an op moved."""
+    ext = tuple(sorted(event_indices(external_events)))
+    a = given if given is not None else read_streams(gm, ext)
+    moved: set[torch.fx.Node] = set()
+    for body in bodies.bodies(gm):
+        inner = streams_of(body.module) if streams_of else read_streams(body.module, bodies.external_events(a)).streams
+        for op in set(bodies.off_ambient(body, a, inner)) - moved:
+            warnings.warn(
+                StreamPassWarning(
+                    f"node {op.name!r}: runs on stream {a.stream[op]}, and its body {body.name} places work on "
+                    f"streams {inner}: moved to the ambient stream (a body's streams are planned from there)"
+                ),
+                stacklevel=4,
+            )
+            op.meta["custom"] = {**(op.meta.get("custom") or {}), "stream": AMBIENT}  # a new dict: snapshots
+            moved.add(op)
+    return read_streams(gm, ext) if moved else a
+
+
+def _run(gm, external_events, check, bind_runtime, recompile, given=None, first_event=0, records=None) -> RunResult:
+    """Plan and edit ``gm`` alone. Its record (``runtime.state``) and runtime hooks are written
+    at once, or, with ``records``, appended there to be written when every graph of a tree is
+    planned: a refused body leaves no trace on a caller planned before it."""
     external_events = tuple(sorted(event_indices(external_events)))
     if given is not None and (given.graph is not gm.graph or given.external_events != frozenset(external_events)):
         raise StreamPassError("run(assignment=...) must be read_streams of this graph with the same external_events")
@@ -244,12 +285,12 @@ def _run(gm, external_events, check, bind_runtime, recompile, given=None, first_
             raise
         raise StreamPassError(f"internal error ({e!r}); the graph was restored") from e
 
-    record = runtime.state(gm)
-    record["external_events"] = external_events
-    if changed:
-        record["table"] = None  # streams or events may have changed: rebuild on next call
-    if bind_runtime and (assignment.streams != [0] or assignment.syncs or plan.waits):
-        runtime.install(gm)
+    install = bind_runtime and (assignment.streams != [0] or assignment.syncs or plan.waits)
+    write = functools.partial(_write_record, gm, external_events, dag.streams, changed, install)
+    if records is None:
+        write()
+    else:
+        records.append(write)
     if not check:
         after = Report([], dag.streams)
     elif not changed:  # the graph is as it was read: so is its verdict
@@ -260,6 +301,16 @@ def _run(gm, external_events, check, bind_runtime, recompile, given=None, first_
     else:
         after = _region_check(final, reqs)
     return RunResult(before, after, len(plan.records), len(plan.waits), changed, plan, final)
+
+
+def _write_record(gm, external_events, streams, changed, install) -> None:
+    record = runtime.state(gm)
+    record["external_events"] = external_events
+    record["streams"] = list(streams)
+    if changed:
+        record["table"] = None  # streams or events may have changed: rebuild on next call
+    if install:
+        runtime.install(gm)
 
 
 def _region_check(final: StreamAssignment, reqs) -> Report:
