@@ -29,7 +29,9 @@ from streampass.transform.planner import plan_syncs
 
 @dataclass
 class RunResult:
-    """What :func:`run` did: hazards before and after, syncs added, whether the graph changed."""
+    """What :func:`run` did: hazards before and after, syncs added, whether the graph changed.
+    With bodies (``torch.cond``'s branches, ...), the reports and counts cover the whole tree,
+    while ``plan`` and ``assignment`` are the calling graph's own."""
 
     before: Report
     after: Report
