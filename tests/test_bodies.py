@@ -201,7 +201,7 @@ def test_a_refused_branch_leaves_the_graph_and_every_branch_as_they_were():
     assert [written(m) for m in (gm, gm.true_graph_0, gm.false_graph_0)] == before
 
 
-def test_inductor_plans_each_body_on_its_own():
+def test_inductor_plans_each_body_on_its_own(fresh_caches):
     """Inside torch.compile inductor hands every body to the post-grad pass itself: StreamPass
     plans each graph once, bodies included, and the result equals eager."""
     import streampass.inductor as spi
@@ -226,7 +226,7 @@ def test_inductor_plans_each_body_on_its_own():
     assert kept and all(sp.verify(g, external_events=e).ok for g, e in kept)
 
 
-def test_a_kept_graph_verifies_with_its_bodies_as_the_pass_left_them():
+def test_a_kept_graph_verifies_with_its_bodies_as_the_pass_left_them(fresh_caches):
     """inductor edits a body after the pass has seen it (the CPU lowering; under fallback_random
     torch wraps its random ops in control_deps): a kept graph holds the bodies' kept copies, so
     verify checks what the pass left (it read the live body and refused torch's wrapper)."""
@@ -310,7 +310,7 @@ def test_a_graph_planned_without_its_bodies_moves_an_op_whose_body_has_streams()
     torch.testing.assert_close(gm(x)[0], OnSide()(x))
 
 
-def test_a_body_on_a_side_stream_is_planned_under_torch_compile():
+def test_a_body_on_a_side_stream_is_planned_under_torch_compile(fresh_caches):
     """The same program compiled: inductor hands the branches to the pass before the graph that
     calls them; the cond moves to the ambient stream, the result equals eager and every kept
     graph verifies."""
@@ -326,7 +326,7 @@ def test_a_body_on_a_side_stream_is_planned_under_torch_compile():
     assert len(kept) >= 2 and all(sp.verify(g, external_events=e).ok for g, e in kept)
 
 
-def test_a_nested_compile_region_called_on_two_streams_compiles():
+def test_a_nested_compile_region_called_on_two_streams_compiles(fresh_caches):
     """``torch.compiler.nested_compile_region``: dynamo calls one ``invoke_subgraph`` body twice,
     here once from a stream block; that call moves to the ambient stream, the other stays, the
     result equals eager and every kept graph verifies. (Gradients are not compared: torch's
