@@ -92,8 +92,9 @@ def test_pricing_equals_run_and_simulate_on_a_copy(gm, seed, streams, cpu_launch
     w = work_graph(a, model)
     stream = {n: chosen.get(n, a.stream[n]) for n in w.nodes}
     ideal = ideal_makespan(w.nodes, stream, w.preds, w.time, model.profile, cpu_launch)
-    bound = Pricer(a, model, cpu_launch).bound(w, stream)
-    assert ideal <= bound <= priced.makespan * (1 + 1e-12)
+    pricer = Pricer(a, model, cpu_launch)
+    bound, tight = pricer.bound(w, stream), pricer.tight_bound(w, stream)
+    assert ideal <= bound <= tight <= priced.makespan * (1 + 1e-12)
 
 
 def test_a_priced_choice_builds_its_real_schedule_on_first_use():

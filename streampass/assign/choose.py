@@ -18,10 +18,10 @@ import torch.fx
 from streampass.analysis.reading import read_streams
 from streampass.assign import candidates as cand
 from streampass.assign.dag import WorkGraph, work_graph
-from streampass.assign.evaluate import Evaluation, evaluate
+from streampass.assign.evaluate import Evaluation
 from streampass.assign.fusion import fused_cost, fusion_groups, keep_together
-from streampass.assign.price import Pricer
-from streampass.assign.select import TIE, leaders, pick
+from streampass.assign.search import Search
+from streampass.assign.select import leaders, pick
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel, DeviceProfile
 from streampass.sim.schedule import Schedule
@@ -41,7 +41,8 @@ class StreamChoice:
         waits, records: the syncs ``run`` adds for this choice.
         peak_bytes: the estimated peak live memory of that schedule (``assign.memory``).
         candidate: the name of the candidate that won.
-        candidates: every candidate priced, in the order tried.
+        candidates: every candidate priced, batch by batch (one stream, the candidates, the
+            local search), each in order of lower bound (``Pricer.bound``).
         skipped: ``(name, lower bound)`` of the candidates not priced: even with free syncs
             they could not come within :data:`TIE` of the fastest. When no assignment at all
             could beat one stream (``Pricer.floor``), the others are not even built and this is
@@ -253,7 +254,7 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
     slots = cand.stream_slots(a, max_streams, side_streams)
     free = frozenset(n.name for n in w.free)
     budget = float("inf") if memory_budget is None else memory_budget
-    search = _Search(gm, a, w, free, model, cpu_launch, events, budget, prune=not exhaustive)
+    search = Search(gm, a, w, free, model, cpu_launch, events, budget, prune=not exhaustive)
     rest = generate(w, slots, groups)
     single = search.price(*next(rest))
     others = len(slots) > 1 and len(w.free) > 1  # as generate() has them
@@ -268,7 +269,7 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
     # Local search: move each side stream of the leaders (the candidates tied with the fastest,
     # at most select.LEADERS of them, in order of preference) back to the ambient stream.
     moves = []
-    for lead in leaders(list(search.tried.values()), single, budget):
+    for lead in leaders(search.evals(), single, budget):
         by_node = {n: lead.streams[n.name] for n in w.nodes}
         for s in sorted(set(lead.streams.values()) - {AMBIENT}):
             if any(by_node[n] == s for n in w.free):
@@ -279,8 +280,8 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
     search.batch(moves)
     if not any(e.peak_bytes <= budget for e in search.tried.values()):
         search.prune = False  # the least memory may be among the skipped
-        search.batch(search.skipped.values())
-    evals = list(search.tried.values())
+        search.batch((name, streams, notes) for name, _, streams, notes in search.skipped.values())
+    evals = search.evals()
     best = pick(evals, single, budget)
     skipped = [(name, bound) for name, bound, *_ in search.skipped.values()]
     return _choice(w, best, single, evals, skipped, free, model, memory_budget)
@@ -320,63 +321,6 @@ def _choice(w, best, single, evals, skipped, free, model, memory_budget) -> Stre
         note=note,
         model=model,
     )
-
-
-class _Search:
-    """The candidates priced so far, and those skipped because their lower bound
-    (:meth:`~streampass.assign.price.Pricer.bound`) cannot come within :data:`TIE` of the
-    fastest priced: skipping them changes nothing :func:`~streampass.assign.select.pick` could choose."""
-
-    def __init__(self, gm, a, w: WorkGraph, free, model: CostModel, cpu_launch, events, budget, prune=True):
-        self.gm, self.w, self.free, self.model = gm, w, free, model
-        self.cpu_launch, self.events, self.budget, self.prune = cpu_launch, events, budget, prune
-        self.pricer = Pricer(a, model, cpu_launch, known=w.time, table=w.accesses, orderings=w.orderings)
-        self.tried: dict[tuple, Evaluation] = {}
-        self.skipped: dict[tuple, tuple] = {}  # key -> (name, bound, streams, notes)
-
-    def price(self, name, streams, notes) -> Evaluation:
-        named = {n.name: s for n, s in streams.items()}
-        key = tuple(sorted(named.items()))
-        if key not in self.tried:
-            t0 = time.perf_counter()
-            p = self.pricer({n: s for n, s in streams.items() if n.name in self.free})
-            gm, free, model, cpu, events = self.gm, self.free, self.model, self.cpu_launch, self.events
-
-            def replay(named=named, name=name):
-                return evaluate(gm, name, named, free, model, cpu, events).schedule
-
-            self.tried[key] = Evaluation(
-                name,
-                named,
-                p.makespan,
-                p.waits,
-                p.records,
-                p.peak_bytes,
-                time.perf_counter() - t0,
-                {n.name: v for n, v in notes.items()},
-                replay=replay,
-            )
-            self.skipped.pop(key, None)
-        return self.tried[key]
-
-    def batch(self, candidates, than=lambda e: True) -> None:
-        """Price ``(name, streams, notes)`` candidates in order of lower bound, skipping those
-        whose bound is more than :data:`TIE` above the fastest priced candidate for which
-        ``than`` holds (within the memory budget)."""
-        w, prune = self.w, self.prune
-        todo = {}
-        for name, streams, notes in candidates:
-            key = tuple(sorted((n.name, s) for n, s in streams.items()))
-            if key in self.tried or key in todo:
-                continue
-            bound = self.pricer.bound(w, streams) if prune else 0.0
-            todo[key] = (name, bound, streams, notes)
-        for key, (name, bound, streams, notes) in sorted(todo.items(), key=lambda kv: kv[1][1]):
-            fits = [e.makespan for e in self.tried.values() if e.peak_bytes <= self.budget and than(e)]
-            if prune and fits and bound > min(fits) * (1 + TIE):
-                self.skipped[key] = (name, bound, streams, notes)
-            else:
-                self.price(name, streams, notes)
 
 
 def _reasons(w: WorkGraph, best: Evaluation, note: str) -> dict[str, str]:

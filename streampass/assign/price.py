@@ -121,6 +121,7 @@ class Pricer:
         known = known or {}
         self.times: dict = {**model.node_times(n for n in a.nodes if n not in known), **known}
         self.cpu_floor: float | None = None
+        self._index: tuple = (None, {})  # (work graph, node -> its place in it), for tight_bound
         self.peak = LivePeak(self.a)  # the memory estimate's static part, for every candidate
         # What each node reads and writes: the same for every candidate, and for every order.
         self.table = table or accesses(self.a)  # a WorkGraph built by hand has an empty one
@@ -147,6 +148,77 @@ class Pricer:
           before the return, through an event of its own).
         """
         return self._bound(w, streams, new_streams=len(set(streams.values()) - set(self.a.streams)))
+
+    def tight_bound(self, w, streams: Mapping[Node, int]) -> float:
+        """:meth:`bound`, raised by the CPU time of the syncs any plan for ``streams`` must issue
+        (with ``cpu_launch``, on a graph with no stream op of its own; else :meth:`bound`).
+
+        A dependency ``u -> v`` across streams is met only through a chain of syncs issued
+        between the two launches: a record on ``u``'s stream after ``u``, and a wait on ``v``'s
+        stream before ``v``. So the waits on each stream stab the launch intervals of the
+        dependencies into it, and the records on each stream those out of it. Stabbing each
+        interval at its end, when no earlier point does, places the fewest points and each as
+        late as possible: any plan has at least as many syncs before every launch. Each costs
+        ``sync_cost`` of CPU time, so the work simulated as in ``ideal_makespan`` with those
+        delays, and the CPU's total with at least that many syncs, are lower bounds.
+
+        >>> import torch, streampass as sp
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> from streampass.assign.dag import work_graph
+        >>> m = torch.empty(64, 64, device="meta")  # kernels shorter than their launch
+        >>> a = sp.read_streams(make_fx(lambda x: (x.sin() + x.cos()).relu())(m))
+        >>> w, price = work_graph(a, CostModel()), Pricer(a, CostModel())
+        >>> sin, cos, add, relu = w.nodes
+        >>> two = {sin: 0, cos: 1, add: 0, relu: 0}  # add waits for cos: a record and a wait
+        >>> price.bound(w, two) < price.tight_bound(w, two) <= price(two).makespan
+        True
+        """
+        old = self.bound(w, streams)
+        if not self.cpu_launch or self.a.syncs:
+            return old
+        profile = self.model.profile
+        sync, launch = profile.sync_cost, profile.launch_overhead
+        if self._index[0] is not w:
+            self._index = (w, {n: i for i, n in enumerate(w.nodes)})
+        index = self._index[1]
+        last_wait: dict[int, int] = {}  # stream -> the compute index of its last wait (before it)
+        last_record: dict[int, int] = {}
+        points = 0
+        cpu = makespan = 0.0
+        end: dict = {}
+        last_end: dict[int, float] = {}
+        preds, times = w.preds, w.time
+        for j, v in enumerate(w.nodes):
+            s = streams[v]
+            ps = preds.get(v, ())
+            wait = False
+            for u in ps:
+                t = streams[u]
+                if t != s:
+                    i = index[u]
+                    if last_wait.get(s, -1) <= i:
+                        wait = True
+                    if last_record.get(t, -1) <= i:
+                        last_record[t] = j
+                        points += 1
+                        cpu += sync
+            if wait:
+                last_wait[s] = j
+                points += 1
+                cpu += sync
+            t = times[v]
+            issue = t if t < launch else launch
+            cpu += issue
+            start = last_end.get(s, cpu)
+            if cpu > start:
+                start = cpu
+            for u in ps:
+                if end[u] > start:
+                    start = end[u]
+            end[v] = last_end[s] = start + (t - issue)
+            if end[v] > makespan:
+                makespan = end[v]
+        return max(old, cpu, makespan, self.cpu_floor + points * sync)
 
     def floor(self, w) -> float:
         """A lower bound on :meth:`bound`, so on the price, of every candidate over ``w`` that
