@@ -173,9 +173,8 @@ class Pricer:
         >>> price.bound(w, two) < price.tight_bound(w, two) <= price(two).makespan
         True
         """
-        old = self.bound(w, streams)
         if not self.cpu_launch or self.a.syncs:
-            return old
+            return self.bound(w, streams)
         profile = self.model.profile
         sync, launch = profile.sync_cost, profile.launch_overhead
         if self._index[0] is not w:
@@ -190,13 +189,15 @@ class Pricer:
         preds, times = w.preds, w.time
         for j, v in enumerate(w.nodes):
             s = streams[v]
-            ps = preds.get(v, ())
-            wait = False
-            for u in ps:
+            ready, wait, waited = 0.0, False, last_wait.get(s, -1)
+            for u in preds.get(v, ()):
+                e = end[u]
+                if e > ready:
+                    ready = e
                 t = streams[u]
                 if t != s:
                     i = index[u]
-                    if last_wait.get(s, -1) <= i:
+                    if waited <= i:
                         wait = True
                     if last_record.get(t, -1) <= i:
                         last_record[t] = j
@@ -212,13 +213,20 @@ class Pricer:
             start = last_end.get(s, cpu)
             if cpu > start:
                 start = cpu
-            for u in ps:
-                if end[u] > start:
-                    start = end[u]
-            end[v] = last_end[s] = start + (t - issue)
-            if end[v] > makespan:
-                makespan = end[v]
-        return max(old, cpu, makespan, self.cpu_floor + points * sync)
+            if ready > start:
+                start = ready
+            end[v] = last_end[s] = e = start + (t - issue)
+            if e > makespan:
+                makespan = e
+        new = len(set(streams.values()) - set(self.a.streams))  # as bound() counts them
+        return max(cpu, makespan, self._cpu_floor() + max(points, 2 * new) * sync)
+
+    def _cpu_floor(self) -> float:
+        """What the simulator's CPU spends on the graph as it is (with ``cpu_launch``)."""
+        if self.cpu_floor is None:
+            items = build_items(graph_steps(self.a), self.times, self.model.profile, True, serial=False)
+            self.cpu_floor = sum(it.cpu for it in items)
+        return self.cpu_floor
 
     def floor(self, w) -> float:
         """A lower bound on :meth:`bound`, so on the price, of every candidate over ``w`` that
@@ -246,10 +254,7 @@ class Pricer:
         ideal = ideal_makespan(w.nodes, streams, w.preds, w.time, profile, self.cpu_launch)
         if not self.cpu_launch:
             return ideal
-        if self.cpu_floor is None:  # what the simulator's CPU spends on the graph as it is
-            items = build_items(graph_steps(self.a), self.times, profile, True, serial=False)
-            self.cpu_floor = sum(it.cpu for it in items)
-        return max(ideal, self.cpu_floor + 2 * new_streams * profile.sync_cost)
+        return max(ideal, self._cpu_floor() + 2 * new_streams * profile.sync_cost)
 
     def __call__(self, streams: Mapping[Node, int]) -> Priced:
         a = restreamed(self.a, streams) if streams else self.a

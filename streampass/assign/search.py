@@ -90,14 +90,10 @@ class Search:
             key = tuple(sorted((n.name, s) for n, s in streams.items()))
             if key in self.tried or key in todo:
                 continue
-            bounds = (pricer.bound(w, streams), pricer.tight_bound(w, streams)) if prune else (0.0, 0.0)
-            todo[key] = (name, bounds, streams, notes)
-        by_bound = sorted(todo, key=lambda k: todo[k][1][0])
-        place = {k: (self.batches, todo[k][1][0], i) for i, k in enumerate(by_bound)}
-        for key in sorted(by_bound, key=lambda k: todo[k][1][1]):
-            name, (_, bound), streams, notes = todo[key]
+            todo[key] = (name, pricer.tight_bound(w, streams) if prune else 0.0, streams, notes, len(todo))
+        for key, (name, bound, streams, notes, i) in sorted(todo.items(), key=lambda kv: kv[1][1]):
             fits = [e.makespan for e in self.tried.values() if e.peak_bytes <= self.budget and than(e)]
             if prune and fits and bound > min(fits) * (1 + TIE):
                 self.skipped[key] = (name, bound, streams, notes)
-            else:
-                self.price(name, streams, notes, place[key])
+            else:  # listed where the plain bound puts it (a stable sort: then as generated)
+                self.price(name, streams, notes, (self.batches, pricer.bound(w, streams) if prune else 0.0, i))
