@@ -99,7 +99,8 @@ def hoisted(a: StreamAssignment) -> StreamAssignment:
 class Pricer:
     """Prices candidates of one graph: ``Pricer(a, model)(streams)`` -> :class:`Priced`.
 
-    ``times``: node -> cost-model seconds, computed once (``known`` may pass the ones a
+    ``times``: node -> cost-model seconds of the device work and the stream ops (the nodes the
+    simulator times), computed once (``known`` may pass the ones a
     :class:`~streampass.assign.dag.WorkGraph` already has, ``table`` its ``accesses`` and
     ``orderings`` its ``orderings``).
 
@@ -118,8 +119,6 @@ class Pricer:
         self, a: StreamAssignment, model: CostModel, cpu_launch: bool = True, known=None, table=None, orderings=None
     ):
         self.a, self.model, self.cpu_launch = hoisted(a), model, cpu_launch
-        known = known or {}
-        self.times: dict = {**model.node_times(n for n in a.nodes if n not in known), **known}
         self.cpu_floor: float | None = None
         self._index: tuple = (None, {})  # (work graph, node -> its place in it), for tight_bound
         self.peak = LivePeak(self.a)  # the memory estimate's static part, for every candidate
@@ -135,6 +134,10 @@ class Pricer:
             for n in self.a.nodes
         ]
         self.readers = {n: readers(n) for n, _, _, counted in self.static if counted}  # for last_work
+        # The simulator reads the time of device work and of stream ops only.
+        known = known or {}
+        needed = (n for n, call, work, _ in self.static if (work or call is not None) and n not in known)
+        self.times: dict = {**model.node_times(needed), **known}
 
     def bound(self, w, streams: Mapping[Node, int]) -> float:
         """A lower bound on ``self(streams).makespan`` for a candidate over the whole
