@@ -311,6 +311,10 @@ class CostModel:
     def _arg_value(a: Any) -> Any:
         return node_value(a) if isinstance(a, torch.fx.Node) else a
 
+    @staticmethod
+    def _arg_shape(a: Any) -> Any:
+        return concrete_shape(node_value(a) if isinstance(a, torch.fx.Node) else a)
+
     @classmethod
     def _flops(cls, node: torch.fx.Node, out: Any) -> float:
         target = node.target
@@ -322,14 +326,16 @@ class CostModel:
         if formula is None:
             return 0.0
         # FX's own map over its argument containers: pytree's general one took half of node_time
-        args, kwargs = map_aggregate((node.args, node.kwargs), cls._arg_value)
+        raw = getattr(formula, "__wrapped__", None)
+        if raw is None:
+            args, kwargs = map_aggregate((node.args, node.kwargs), cls._arg_value)
         try:
-            raw = getattr(formula, "__wrapped__", None)
             if raw is not None:
                 # A shape_wrapper'd formula: hand it concrete shapes ourselves, so
                 # that its checks (e.g. k == k2) never put guards on symbolic shapes.
-                args, kwargs, out = map_aggregate((args, kwargs, out), concrete_shape)
-                flops = raw(*args, out_shape=out, **kwargs)
+                # (One map: each argument's value, then its shape.)
+                args, kwargs = map_aggregate((node.args, node.kwargs), cls._arg_shape)
+                flops = raw(*args, out_shape=map_aggregate(out, concrete_shape), **kwargs)
             else:
                 flops = formula(*args, **kwargs, out_val=out)
             flops = hint(flops)

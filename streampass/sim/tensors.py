@@ -51,7 +51,13 @@ def concrete_shape(x: Any) -> Any:
     """A tensor's shape as plain ints (symbolic sizes by hint); others unchanged."""
     if not isinstance(x, torch.Tensor):
         return x
-    sizes = [hint(s) for s in x.shape]
+    shape = x.shape
+    for s in shape:
+        if type(s) is not int:
+            break
+    else:  # the common case: plain ints already
+        return shape
+    sizes = [hint(s) for s in shape]
     if any(s is None for s in sizes):
         raise ValueError("size without a hint")
     return torch.Size(sizes)
@@ -82,6 +88,19 @@ def tensor_bytes(t: torch.Tensor) -> int:
         sizes, strides = t.shape, t.stride()
     except Exception:
         return 0
+    for s in (*sizes, *strides):
+        if type(s) is not int:
+            break
+    else:  # the common case: plain ints (what the general path below computes, without its checks)
+        count = 1
+        for s in sizes:
+            count *= s
+        if count == 0:
+            return 0
+        span = 1
+        for size, stride in zip(sizes, strides):
+            span += (size - 1) * abs(stride)
+        return (count if count < span else span) * itemsize
     if not all(type(s) is int for s in (*sizes, *strides)):  # symbolic: by hint
         sizes, strides = [hint(s) for s in sizes], [hint(s) for s in strides]
     if any(s is None for s in sizes):
