@@ -74,9 +74,10 @@ def numel(t: Any) -> int | None:
         return None
     out = 1
     for s in t.shape:
-        s = hint(s)
-        if s is None:
-            return None
+        if type(s) is not int:  # symbolic: by hint
+            s = hint(s)
+            if s is None:
+                return None
         out *= s
     return out
 
