@@ -49,16 +49,22 @@ class Search:
         self.order: dict[tuple, tuple] = {}  # key -> (batch, bound, place in the batch by bound)
         self.batches = 0
 
+    def key(self, streams) -> tuple:
+        """What tells two candidates apart: the stream of each node of the work graph, in order
+        (a candidate places every one of them)."""
+        return tuple(map(streams.get, self.w.nodes))
+
     def evals(self) -> list[Evaluation]:
         """The candidates priced, batch by batch, each batch in order of :meth:`Pricer.bound`."""
         return [self.tried[k] for k in sorted(self.tried, key=self.order.__getitem__)]
 
     def price(self, name, streams, notes, order=(0, 0.0, 0)) -> Evaluation:
-        named = {n.name: s for n, s in streams.items()}
-        key = tuple(sorted(named.items()))
+        key = self.key(streams)
         if key not in self.tried:
+            named = {n.name: s for n, s in streams.items()}
             t0 = time.perf_counter()
-            p = self.pricer({n: s for n, s in streams.items() if n.name in self.free})
+            fixed = self.w.fixed  # the free nodes are the others
+            p = self.pricer({n: s for n, s in streams.items() if n not in fixed})
             gm, free, model, cpu, events = self.gm, self.free, self.model, self.cpu_launch, self.events
 
             def replay(named=named, name=name):
@@ -87,7 +93,7 @@ class Search:
         self.batches += 1
         todo = {}
         for name, streams, notes in candidates:
-            key = tuple(sorted((n.name, s) for n, s in streams.items()))
+            key = self.key(streams)
             if key in self.tried or key in todo:
                 continue
             todo[key] = (name, pricer.tight_bound(w, streams) if prune else 0.0, streams, notes, len(todo))
