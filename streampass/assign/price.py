@@ -42,12 +42,17 @@ class Priced:
 
 
 class _Planned:
-    """A sync of the plan, standing in for the node ``apply`` would make (the simulator needs a name)."""
+    """A sync of the plan, standing in for the node ``apply`` would make and for its call (the
+    simulator reads a call's ``target`` and ``args``, and names a node in its messages)."""
 
-    __slots__ = ("name", "sync")
+    __slots__ = ("args", "index", "sync", "target")
 
-    def __init__(self, name: str, sync: PlannedWait | PlannedRecord):
-        self.name, self.sync = name, sync
+    def __init__(self, index: int, sync: PlannedWait | PlannedRecord, target, args: tuple):
+        self.index, self.sync, self.target, self.args = index, sync, target, args
+
+    @property
+    def name(self) -> str:
+        return f"{'record' if self.target is ops.RECORD_EVENT else 'wait'}#{self.index}"
 
 
 def restreamed(a: StreamAssignment, streams: Mapping[Node, int]) -> StreamAssignment:
@@ -311,8 +316,8 @@ class Pricer:
         known, times = self.readers, self.times
 
         def sync(planned, target, event: int, stream: int):
-            name = f"{'record' if target is ops.RECORD_EVENT else 'wait'}#{len(out.items)}"
-            item = out.sync(_Planned(name, planned), ops.SyncCall(target, (event, stream), None, None), stream, cost)
+            step = _Planned(len(out.items), planned, target, (event, stream))
+            item = out.sync(step, step, stream, cost)
             deps = last_work(pending.pop(stream, []), known)
             if deps:
                 wraps.append((item, deps))
