@@ -265,15 +265,23 @@ def list_schedule(w: WorkGraph, slots: list[int], pin_critical: bool, cpu_weight
             read_from = {streams[u] for u in preds}
         else:
             home, ready, read_from = AMBIENT, 0.0, set()
-        best = None
+        # The least (end + cpu_weight × extra, not home, not ambient), the first of equals: the
+        # comparison of those tuples, without building them.
+        best, b0, b1, b2, b_end, b_issued = None, 0.0, False, False, 0.0, 0.0
+        others, dev = len(read_from), device[n]
         for s in options:
-            extra = sync2 * (len(read_from) - (s in read_from))  # a sync per other stream
+            extra = sync2 * (others - (s in read_from))  # a sync per other stream
             issued = cpu + launch + extra
-            end = max(issued, free_at[s], ready) + device[n]
-            key = (end + cpu_weight * extra, s != home, s != AMBIENT)
-            if best is None or key < best[0]:
-                best = (key, s, end, issued)
-        _, s, end, issued = best
+            start = free_at[s]
+            if issued > start:
+                start = issued
+            if ready > start:
+                start = ready
+            end = start + dev
+            k0, k1, k2 = end + cpu_weight * extra, s != home, s != AMBIENT
+            if best is None or k0 < b0 or (k0 == b0 and (k1 < b1 or (k1 == b1 and k2 < b2))):
+                best, b0, b1, b2, b_end, b_issued = s, k0, k1, k2, end, issued
+        s, end, issued = best, b_end, b_issued
         streams[n], finish[n], free_at[s], cpu = s, end, end, issued
     return streams, notes
 
