@@ -6,14 +6,13 @@ point of a value read on another stream) it adds waits for the newest node of ea
 producer stream, with the record right after that node. Which producers to wait on is searched:
 a Pareto frontier of (waits so far, clocks) states (:mod:`streampass.transform.frontier`), so
 the result is the fewest waits for the given node order; ``SyncPlan.exact`` says whether the
-frontier stayed within its bound. docs/plan.md has the argument.
-"""
+frontier stayed within its bound (docs/plan.md has the argument)."""
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import torch.fx
 
@@ -54,10 +53,7 @@ class Planner:
         self.plan = SyncPlan(a, first_event=max(first_free_event(a), min_event))
         self.record_at: dict[tuple[int, int], tuple[Node, int]] = {}
         self._ends: dict[tuple[int, int], int] = {}
-        recorded: dict[int, int] = defaultdict(int)
-        for call in a.syncs.values():
-            if call.target is ops.RECORD_EVENT:
-                recorded[call.args[0]] += 1
+        recorded = Counter(call.args[0] for call in a.syncs.values() if call.target is ops.RECORD_EVENT)
         self._once = {e for e, k in recorded.items() if k == 1}  # events the graph records once
 
     # -- shared by the search and the walk ------------------------------------------------
@@ -265,9 +261,11 @@ class Planner:
                 seen.add(key)
                 unique.append(st)
         kept: list = []
-        for st in unique:
+        for st in unique:  # past the limit the rest is cut anyway: stop (each test costs all of kept)
             if not any(k[0] <= st[0] and k[1].dominates(st[1], self._shared) for k in kept):
                 kept.append(st)
+                if len(kept) > FRONTIER_LIMIT:
+                    break
         if len(kept) > FRONTIER_LIMIT:
             self.plan.exact = False
             kept = kept[:FRONTIER_LIMIT]
