@@ -273,10 +273,14 @@ def load_target(
         return make_fx(fn)(*inputs), note
     except (TypeError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(
-            f"tracing {target} on {len(inputs)} random input(s) failed: {first}; "
-            f"give --shapes one shape per tensor argument"
-        ) from e
+        wants_ints = "scalar type" in first or "Long" in first  # e.g. an embedding's token ids
+        hint = (
+            "the random inputs are floating-point (--dtype): for integer inputs give a .pt2 program "
+            "(torch.export.save) or a function that makes them"
+            if wants_ints
+            else "give --shapes one shape per tensor argument"
+        )
+        raise UsageError(f"tracing {target} on {len(inputs)} random input(s) failed: {first}; {hint}") from e
 
 
 def _exported_note(gm: torch.fx.GraphModule) -> str | None:

@@ -92,6 +92,14 @@ def user_folder(tmp_path):
                 z = x.relu()
             return y + z
 
+        class Tokens(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(10, 4)
+
+            def forward(self, idx):
+                return self.emb(idx)
+
         def breaks(x, w):
             y = x @ w
             torch._dynamo.graph_break()
@@ -157,6 +165,8 @@ ERRORS = {
     # both are silenced, the error is still the one line
     "not a pt2 program": (["fake.pt2"], "fake.pt2 is not a program torch.export.save wrote (BadZipFile"),
     "shapes that do not fit": (["mymod:f", "--shapes", "4x3,4x4"], "cannot be multiplied (4x3 and 4x4)"),
+    # an embedding's token ids: the hint said "give --shapes one shape per tensor argument"
+    "integer inputs": (["mymod:Tokens", "--shapes", "2x3"], "the random inputs are floating-point (--dtype)"),
 }
 
 
