@@ -5,6 +5,8 @@ nothing: a missed race."""
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 
@@ -355,3 +357,90 @@ def test_a_nested_compile_region_called_on_two_streams_compiles(fresh_caches):
     torch.testing.assert_close(out, f(x))
     kept = [(r.verified_graph, r.external_events) for r in p.reports if r.verified_graph is not None]
     assert len(kept) >= 2 and all(sp.verify(g, external_events=e).ok for g, e in kept)
+
+
+def inner_on_2(y):
+    with sp.stream(2):
+        return y.cos()
+
+
+def outer_branch(y):
+    return torch.cond(y.sum() > 1, inner_on_2, lambda z: z.tan(), (y,))
+
+
+class Nested(torch.nn.Module):
+    """A cond on stream 1 whose branch calls a cond whose branch uses stream 2."""
+
+    def forward(self, x):
+        with sp.stream(1):
+            x = x.sin()
+            return torch.cond(x.sum() > 0, outer_branch, lambda y: y.exp(), (x,)) * 3
+
+
+def conds(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond]
+
+
+@pytest.mark.parametrize("bodies_first", [False, True])
+def test_an_op_whose_nested_body_uses_another_stream_moves(bodies_first):
+    """The streams of a body's own bodies count (review: the outer cond stayed on stream 1,
+    standalone run refused the graph, and planned bodies first as under torch.compile, verify
+    refused the result). Both conds move, with their getitems; the result equals eager."""
+    x = torch.randn(4).abs() + 1
+    gm = exported(Nested(), x)
+    branch = gm.true_graph_0
+    with pytest.warns(sp.StreamPassWarning, match="node 'cond'.*streams \\[0, 1, 2\\]"):
+        if bodies_first:  # inductor's order: the innermost graph first, each without its bodies
+            for g in (branch.true_graph_0, branch.false_graph_0, branch, gm.false_graph_0, gm):
+                assert sp.run(g, with_bodies=False).ok
+        else:
+            assert sp.run(gm).ok
+    assert sp.verify(gm).ok
+    for cond in conds(gm) + conds(branch):
+        assert sp.read_streams(cond.graph.owning_module).stream[cond] == 0
+        getitems = [u for u in cond.users if u.target is operator.getitem]
+        assert getitems and all((u.meta.get("custom") or {}).get("stream") == 0 for u in getitems)
+    torch.testing.assert_close(gm(x)[0], Nested()(x))
+
+
+def test_a_refused_run_warns_of_no_move():
+    """The move is reported once the whole tree is planned: a run refused later leaves the op
+    where it was, and no warning says otherwise."""
+    gm = exported(OnSide(), torch.randn(4))
+    body = gm.false_graph_0.graph
+    with body.inserting_before(next(n for n in body.nodes if n.name == "tan")):
+        body.call_function(ops.JOIN, (3, 0), name="bad_join")
+    gm.false_graph_0.recompile()
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(sp.StreamPassError, match="join"):
+        warnings.simplefilter("always")
+        sp.run(gm)
+    assert not [w for w in caught if issubclass(w.category, sp.StreamPassWarning)]
+    assert (conds(gm)[0].meta["custom"] or {}).get("stream") == 1
+
+
+def test_a_nested_body_on_another_stream_compiles(fresh_caches):
+    import streampass.inductor as spi
+
+    s1, s2 = torch.Stream("cpu"), torch.Stream("cpu")
+
+    def inner(y):
+        with s2:
+            return y.cos()
+
+    def outer(y):
+        return torch.cond(y.sum() > 1, inner, lambda z: z.tan(), (y,))
+
+    def f(x):
+        with s1:
+            x = x.sin()
+            return torch.cond(x.sum() > 0, outer, lambda y: y.exp(), (x,)) * 3
+
+    p = sp.StreamPass(keep_graphs=True)
+    x = torch.randn(4).abs() + 1
+    with spi.enabled(p), pytest.warns(sp.StreamPassWarning, match="moved to the ambient stream"):
+        out = torch.compile(f, fullgraph=True)(x)
+    torch.testing.assert_close(out, f(x))
+    kept = [(r.verified_graph, r.external_events) for r in p.reports if r.verified_graph is not None]
+    assert len(kept) >= 3 and all(sp.verify(g, external_events=e).ok for g, e in kept)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch.fx
 
 from streampass import ops
-from streampass.analysis.reading import AMBIENT, StreamAssignment, annotated_stream, read_streams
+from streampass.analysis.reading import AMBIENT, StreamAssignment, annotated_stream
 from streampass.errors import StreamPassError
 
 
@@ -113,10 +113,3 @@ def check_caller(body: Body, caller: StreamAssignment, body_streams: list[int]) 
             "(streampass.run moves it there)",
             op.name,
         )
-
-
-def planned_streams(module: torch.fx.GraphModule) -> list[int]:
-    """The streams ``module`` used when :func:`streampass.run` last planned it (inductor hands a
-    body to the pass, and lowers it, before the graph that calls it), or as it reads now."""
-    record = module.meta.get("streampass", {})
-    return list(record["streams"]) if "streams" in record else read_streams(module).streams

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import gc
 import itertools
+import operator
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -105,7 +106,8 @@ def run(
     its own, with events of their own, all or nothing with the graph
     (:mod:`streampass.analysis.bodies`); ``with_bodies=False`` leaves them to the caller (inductor
     hands each body to its passes itself, before the graph that calls it), and new events still
-    take indices no body uses.
+    take indices no body uses. Either way an op that runs on a side stream and calls a body with
+    streams of its own is first moved to the ambient stream, with a warning (docs/design.md).
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -125,11 +127,15 @@ def run(
         if not bodies.bodies(gm):
             return _run(gm, external_events, check, bind_runtime, recompile, assignment)
         if not with_bodies:  # planned by the caller, before or after: new events stay clear of theirs
+            records: list = []
             with snapshot.all_or_nothing(gm):
-                assignment = _bodies_callers_to_ambient(gm, external_events, assignment, bodies.planned_streams)
-                return _run(
-                    gm, external_events, check, bind_runtime, recompile, assignment, bodies.indices_used(gm) + 1
-                )
+                assignment, notes, below = _bodies_callers_to_ambient(gm, external_events, assignment, True)
+                first = bodies.indices_used(gm) + 1
+                result = _run(gm, external_events, check, bind_runtime, recompile, assignment, first, records)
+            for write in records:
+                write(below)
+            _warn(notes)
+            return result
         return _run_with_bodies(gm, external_events, check, bind_runtime, recompile, assignment)
 
 
@@ -203,7 +209,7 @@ def _run_with_bodies(gm, external_events, check, bind_runtime, recompile, given)
     on the stream that calls it, which the calling graph reads as one kernel). A body shares the
     event table of its caller, so every new event takes an index no graph of the tree uses."""
     saved = [snapshot.take(m) for m in (gm, *bodies.nested(gm))]
-    records: list[Callable[[], None]] = []  # written once the whole tree is planned
+    records: list[Callable[[], None]] = []  # records and warnings, written once the whole tree is planned
     try:
         first = bodies.indices_used(gm) + 1
         result, _ = _run_tree(gm, external_events, check, bind_runtime, recompile, given, first, records)
@@ -219,8 +225,9 @@ def _run_with_bodies(gm, external_events, check, bind_runtime, recompile, given)
 
 
 def _run_tree(gm, external_events, check, bind_runtime, recompile, given, first_event, records):
-    given = _bodies_callers_to_ambient(gm, external_events, given, None)
-    result = _run(gm, external_events, check, bind_runtime, recompile, given, first_event, records)
+    given, notes, _ = _bodies_callers_to_ambient(gm, external_events, given, False)
+    mine: list = []
+    result = _run(gm, external_events, check, bind_runtime, recompile, given, first_event, mine)
     free = max(first_event, result.plan.first_event + len(result.plan.records))
     caller = result.assignment if result.assignment is not None else read_streams(gm, external_events)
     for body in bodies.bodies(gm):
@@ -238,30 +245,53 @@ def _run_tree(gm, external_events, check, bind_runtime, recompile, given, first_
             result.plan,
             result.assignment,
         )
+    records += [functools.partial(write, result.before.streams) for write in mine]  # the tree's streams
+    records.append(functools.partial(_warn, notes))
     return result, free
 
 
-def _bodies_callers_to_ambient(gm, external_events, given, streams_of) -> StreamAssignment | None:
-    """Move each higher-order op that runs on a side stream and calls a body with streams of its
-    own to the ambient stream (``bodies.off_ambient``; a warning says so), before ``gm`` is
-    planned: the body is planned from the ambient stream, and syncs order the op with the side
-    stream's work. Returns ``gm``'s reading: ``given``, or a new one if an op moved."""
+def _bodies_callers_to_ambient(gm, external_events, given, planned: bool) -> tuple[StreamAssignment, list, set]:
+    """Move each higher-order op that runs on a side stream and calls a body whose tree uses
+    other streams to the ambient stream (``bodies.off_ambient``), its getitems with it, before
+    ``gm`` is planned: a body is planned from the ambient stream, and syncs order the op with the
+    side stream's work. Returns ``gm``'s reading (``given``, or a new one if an op moved), the
+    warnings to give once the run succeeds, and the streams the bodies use (:func:`_tree_streams`)."""
     ext = tuple(sorted(event_indices(external_events)))
     a = given if given is not None else read_streams(gm, ext)
     moved: set[torch.fx.Node] = set()
+    notes, below = [], set()
     for body in bodies.bodies(gm):
-        inner = streams_of(body.module) if streams_of else read_streams(body.module, bodies.external_events(a)).streams
+        inner = _tree_streams(body.module, bodies.external_events(a), planned)
+        below.update(inner)
         for op in set(bodies.off_ambient(body, a, inner)) - moved:
-            warnings.warn(
-                StreamPassWarning(
-                    f"node {op.name!r}: runs on stream {a.stream[op]}, and its body {body.name} places work on "
-                    f"streams {inner}: moved to the ambient stream (a body's streams are planned from there)"
-                ),
-                stacklevel=4,
+            notes.append(
+                f"node {op.name!r}: runs on stream {a.stream[op]}, and its body {body.name} places work on "
+                f"streams {inner}: moved to the ambient stream (a body's streams are planned from there)"
             )
-            op.meta["custom"] = {**(op.meta.get("custom") or {}), "stream": AMBIENT}  # a new dict: snapshots
+            getitems = [u for u in op.users if u.op == "call_function" and u.target is operator.getitem]
+            for node in (op, *getitems):  # new dicts: snapshots keep the old ones
+                node.meta["custom"] = {**(node.meta.get("custom") or {}), "stream": AMBIENT}
             moved.add(op)
-    return read_streams(gm, ext) if moved else a
+    return (read_streams(gm, ext) if moved else a), notes, below
+
+
+def _tree_streams(module: torch.fx.GraphModule, ext, planned: bool) -> list[int]:
+    """The streams ``module`` and every body under it use. ``planned``: as its last plan recorded
+    them (``runtime.state(module)["streams"]``; inductor hands each body to the pass, and lowers
+    it, before the graph that calls it), where there is such a record; else as read now."""
+    record = module.meta.get("streampass", {})
+    if planned and "streams" in record:
+        return list(record["streams"])
+    a = read_streams(module, ext)
+    out = set(a.streams)
+    for body in bodies.bodies(module):
+        out.update(_tree_streams(body.module, bodies.external_events(a), planned))
+    return sorted(out)
+
+
+def _warn(notes: list[str]) -> None:
+    for note in notes:
+        warnings.warn(StreamPassWarning(note), stacklevel=4)
 
 
 def _run(gm, external_events, check, bind_runtime, recompile, given=None, first_event=0, records=None) -> RunResult:
@@ -290,8 +320,8 @@ def _run(gm, external_events, check, bind_runtime, recompile, given=None, first_
     install = bind_runtime and (assignment.streams != [0] or assignment.syncs or plan.waits)
     write = functools.partial(_write_record, gm, external_events, dag.streams, changed, install)
     if records is None:
-        write()
-    else:
+        write(())
+    else:  # each to be called with the streams of the graph's bodies
         records.append(write)
     if not check:
         after = Report([], dag.streams)
@@ -305,10 +335,10 @@ def _run(gm, external_events, check, bind_runtime, recompile, given=None, first_
     return RunResult(before, after, len(plan.records), len(plan.waits), changed, plan, final)
 
 
-def _write_record(gm, external_events, streams, changed, install) -> None:
+def _write_record(gm, external_events, streams, changed, install, below) -> None:
     record = runtime.state(gm)
     record["external_events"] = external_events
-    record["streams"] = list(streams)
+    record["streams"] = sorted({*streams, *below})  # its bodies' too: what a caller checks
     if changed:
         record["table"] = None  # streams or events may have changed: rebuild on next call
     if install:
