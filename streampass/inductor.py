@@ -55,7 +55,7 @@ from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import dynamo_indices, snapshot
 from streampass.transform.lower import RUNTIME_SYNCS, lower_for_cpu, lower_for_gpu
-from streampass.transform.pipeline import run
+from streampass.transform.pipeline import run, streams_below
 from streampass.transform.plan import EVENT_BASE
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class StreamPass(PassBase):
             # inductor's CPU codegen. Kept, unreported, for the graphs that call it (a body).
             if self.keep_graphs:
                 self._kept.keep(gm)
-            runtime.state(gm)["streams"] = [AMBIENT]  # what a caller reads of a body (bodies.planned_streams)
+            runtime.state(gm)["streams"] = sorted({AMBIENT, *streams_below(gm, a)})  # what its callers read
             lowered = not _gpu(device) and lower_for_cpu(gm, a)
             return GraphReport(
                 kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",

@@ -444,3 +444,21 @@ def test_a_nested_body_on_another_stream_compiles(fresh_caches):
     torch.testing.assert_close(out, f(x))
     kept = [(r.verified_graph, r.external_events) for r in p.reports if r.verified_graph is not None]
     assert len(kept) >= 3 and all(sp.verify(g, external_events=e).ok for g, e in kept)
+
+
+def test_a_body_with_nothing_of_its_own_to_plan_passes_on_its_bodies_streams():
+    """StreamPass leaves a graph with no stream of its own as it is, but its record must still
+    name the streams of its bodies, or its caller on a side stream stays there while a body
+    under it uses stream 2 (planned from stream 0)."""
+    x = torch.randn(4).abs() + 1
+    gm = exported(Nested(), x)
+    branch = gm.true_graph_0
+    for n in branch.graph.nodes:  # the branch itself on the ambient stream
+        (n.meta.get("custom") or {}).pop("stream", None)
+    branch.recompile()
+    p = sp.StreamPass()
+    for g in (branch.true_graph_0, branch.false_graph_0, branch, gm.false_graph_0):  # inductor's order
+        p(g.graph)
+    assert p.reports[2].streams == [0]  # nothing of its own to plan
+    with pytest.warns(sp.StreamPassWarning, match="node 'cond': runs on stream 1.*streams \\[0, 1, 2\\]"):
+        p(gm.graph)

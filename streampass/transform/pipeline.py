@@ -289,6 +289,13 @@ def _tree_streams(module: torch.fx.GraphModule, ext, planned: bool) -> list[int]
     return sorted(out)
 
 
+def streams_below(gm: torch.fx.GraphModule, a: StreamAssignment) -> set[int]:
+    """The streams the bodies under ``gm`` use, as their last plans recorded them (a body never
+    planned: as read now); ``a`` is ``gm``'s reading. What ``gm``'s own record must add, so that
+    a caller of ``gm`` sees them (``StreamPass`` on a graph with nothing of its own to plan)."""
+    return {s for body in bodies.bodies(gm) for s in _tree_streams(body.module, bodies.external_events(a), True)}
+
+
 def _warn(notes: list[str]) -> None:
     for note in notes:
         warnings.warn(StreamPassWarning(note), stacklevel=4)
