@@ -235,7 +235,6 @@ def _run_tree(gm, external_events, check, bind_runtime, recompile, given, first_
         inner, free = _run_tree(
             body.module, bodies.external_events(caller), check, bind_runtime, True, None, free, records
         )
-        bodies.check_caller(body, caller, inner.before.streams)
         result = RunResult(
             result.before.with_body(inner.before, body.name, body.op.name),
             result.after.with_body(inner.after, body.name, body.op.name),
