@@ -462,3 +462,18 @@ def test_a_body_with_nothing_of_its_own_to_plan_passes_on_its_bodies_streams():
     assert p.reports[2].streams == [0]  # nothing of its own to plan
     with pytest.warns(sp.StreamPassWarning, match="node 'cond': runs on stream 1.*streams \\[0, 1, 2\\]"):
         p(gm.graph)
+
+
+def test_bodies_planned_after_their_graph_take_events_it_does_not_use():
+    """The other order: the graph first with ``with_bodies=False``, then its bodies on their
+    own. A branch re-recording one of the outer graph's events (the cond runs between an outer
+    record and its wait) would make that wait wait for the branch instead. Before, each body
+    started its events above its own indices only, and took the outer graph's."""
+    x = torch.randn(4).abs()
+    gm = exported(Branches(), x)
+    assert sp.run(gm, with_bodies=False).ok
+    outer = set(events(gm))
+    for body in (gm.true_graph_0, gm.false_graph_0):
+        assert sp.run(body).ok
+        assert events(body) and not outer & set(events(body))
+    torch.testing.assert_close(gm(x)[0], Branches()(x))

@@ -134,6 +134,7 @@ def run(
                 result = _run(gm, external_events, check, bind_runtime, recompile, assignment, first, records)
             for write in records:
                 write(below)
+            _reserve_events(gm, max(first, result.plan.first_event + len(result.plan.records)))
             _warn(notes)
             return result
         return _run_with_bodies(gm, external_events, check, bind_runtime, recompile, assignment)
@@ -295,6 +296,20 @@ def streams_below(gm: torch.fx.GraphModule, a: StreamAssignment) -> set[int]:
     return {s for body in bodies.bodies(gm) for s in _tree_streams(body.module, bodies.external_events(a), True)}
 
 
+def _reserve_events(gm: torch.fx.GraphModule, free: int) -> None:
+    """Tell each body under ``gm``, planned by a later call, that event indices below ``free``
+    are taken: the body shares ``gm``'s event table, and re-recording one of ``gm``'s events
+    while ``gm`` waits on it would make that wait wait for the body instead."""
+    for body in bodies.nested(gm):
+        record = runtime.state(body)
+        record["events_from"] = max(record.get("events_from", 0), free)
+
+
+def _reserved_events(gm: torch.fx.GraphModule) -> int:
+    """The first event index a plan of ``gm`` may take (:func:`_reserve_events`; 0: any)."""
+    return gm.meta.get("streampass", {}).get("events_from", 0)
+
+
 def _warn(notes: list[str]) -> None:
     for note in notes:
         warnings.warn(StreamPassWarning(note), stacklevel=4)
@@ -314,7 +329,7 @@ def _run(gm, external_events, check, bind_runtime, recompile, given=None, first_
         dag = StreamDAG(assignment)
         reqs = requirements(assignment)
         before = Report(find_hazards(dag, reqs), dag.streams)
-        plan = plan_syncs(assignment, reqs=reqs, min_event=first_event)
+        plan = plan_syncs(assignment, reqs=reqs, min_event=max(first_event, _reserved_events(gm)))
         edited, final = apply_and_read(gm, plan, recompile=recompile)
         changed = edited or hoisted
     except Exception as e:
