@@ -43,7 +43,7 @@ import torch
 import torch.fx
 
 from streampass import compat, compile_hook, ops, runtime, values
-from streampass.analysis import wellformed
+from streampass.analysis import bodies, wellformed
 from streampass.analysis.reading import events_recorded_outside, read_streams
 from streampass.assign.candidates import check_max_streams, cost_model
 from streampass.assign.in_compile import assign_in_place, cost_key, device_cost, serial_summary, summary
@@ -55,7 +55,7 @@ from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import dynamo_indices, snapshot
 from streampass.transform.lower import RUNTIME_SYNCS, lower_for_cpu, lower_for_gpu
-from streampass.transform.pipeline import run, streams_below
+from streampass.transform.pipeline import run
 from streampass.transform.plan import EVENT_BASE
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class StreamPass(PassBase):
             # inductor's CPU codegen. Kept, unreported, for the graphs that call it (a body).
             if self.keep_graphs:
                 self._kept.keep(gm)
-            runtime.state(gm)["streams"] = sorted({AMBIENT, *streams_below(gm, a)})  # what its callers read
+            runtime.state(gm)["streams"] = sorted({AMBIENT, *bodies.streams_below(gm, a)})  # what its callers read
             lowered = not _gpu(device) and lower_for_cpu(gm, a)
             return GraphReport(
                 kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",

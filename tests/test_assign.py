@@ -607,3 +607,40 @@ def test_side_streams_listed_twice_are_one_slot():
 
     a = sp.read_streams(_two_branches())
     assert stream_slots(a, 4, side_streams=[5, 5, 6, 5, 7]) == [0, 5, 6, 7]
+
+
+class CondWithStreams(torch.nn.Module):
+    """Two independent matmul branches, then a cond whose true branch puts work on stream 2."""
+
+    def forward(self, x, w):
+        a = (x @ w).relu()
+        b = (x @ w.t()).sigmoid()
+
+        def on_2(y):
+            with sp.stream(2):
+                u = y.cos() + 1
+            return u * 2
+
+        def plain(y):
+            return y.tan()
+
+        return a + torch.cond(a.sum() > 0, on_2, plain, (b,))
+
+
+def test_an_op_whose_body_uses_streams_stays_on_the_ambient_stream():
+    """run plans a body from the ambient stream and moves an op calling a body with streams
+    there. Before, the assigner put the cond on stream 1 (predicting a schedule that run then
+    undid, with a warning); now it leaves the cond on the ambient stream and says why."""
+    import warnings
+
+    x, w = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    gm = torch.export.export(CondWithStreams(), (x, w), strict=True).graph_module
+    expected = CondWithStreams()(x, w)
+    choice = sp.assign_streams(gm, max_streams=4)
+    assert set(choice.streams.values()) != {0}, "streams should pay on this graph"
+    assert choice.streams["cond"] == 0 and "true_graph_0" in choice.reasons["cond"]
+    choice.apply(gm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.StreamPassWarning)
+        assert sp.run(gm).ok
+    torch.testing.assert_close(gm(x, w)[0], expected)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch.fx
 
 from streampass import ops
-from streampass.analysis.reading import AMBIENT, StreamAssignment, annotated_stream
+from streampass.analysis.reading import AMBIENT, StreamAssignment, annotated_stream, read_streams
 from streampass.errors import StreamPassError
 
 
@@ -89,6 +89,49 @@ def external_events(a: StreamAssignment) -> frozenset[int]:
     """The events a body of the graph read into ``a`` may wait on without recording them: the
     calling graph's, recorded before the op runs, or by code outside it."""
     return a.events() | a.external_events
+
+
+def tree_streams(module: torch.fx.GraphModule, ext, planned: bool) -> list[int]:
+    """The streams ``module`` and every body under it use; ``ext``: the events it may wait on
+    unrecorded (:func:`external_events` of its caller). ``planned``: as its last plan recorded
+    them (``runtime.state(module)["streams"]``; inductor hands each body to the pass, and lowers
+    it, before the graph that calls it), where there is such a record; else as read now.
+
+    >>> import torch, streampass as sp
+    >>> def f(x):
+    ...     with sp.stream(3):
+    ...         return x.sin()
+    >>> tree_streams(torch.fx.symbolic_trace(f), (), planned=False)
+    [0, 3]
+    """
+    record = module.meta.get("streampass", {})
+    if planned and "streams" in record:
+        return list(record["streams"])
+    a = read_streams(module, ext)
+    out = set(a.streams)
+    for body in bodies(module):
+        out.update(tree_streams(body.module, external_events(a), planned))
+    return sorted(out)
+
+
+def streams_below(gm: torch.fx.GraphModule, a: StreamAssignment) -> set[int]:
+    """The streams the bodies under ``gm`` use, as their last plans recorded them (a body never
+    planned: as read now); ``a`` is ``gm``'s reading. What ``gm``'s own record must add, so that
+    a caller of ``gm`` sees them (``StreamPass`` on a graph with nothing of its own to plan)."""
+    return {s for body in bodies(gm) for s in tree_streams(body.module, external_events(a), True)}
+
+
+def ops_with_streams(gm: torch.fx.GraphModule, a: StreamAssignment) -> dict[torch.fx.Node, tuple[str, list[int]]]:
+    """Each op of ``gm`` (read into ``a``) that calls a body whose tree places work on a side
+    stream: op -> (the body's name, its streams). Such an op runs on the ambient stream
+    (:func:`off_ambient`); the assigner leaves it there."""
+    out: dict[torch.fx.Node, tuple[str, list[int]]] = {}
+    for body in bodies(gm):
+        inner = tree_streams(body.module, external_events(a), True)
+        if set(inner) - {AMBIENT}:
+            for op in body.callers or (body.op,):
+                out.setdefault(op, (body.name, inner))
+    return out
 
 
 def off_ambient(body: Body, caller: StreamAssignment, body_streams: list[int]) -> list[torch.fx.Node]:

@@ -15,6 +15,7 @@ import networkx as nx
 import torch.fx
 
 from streampass import ops
+from streampass.analysis import bodies
 from streampass.analysis.reading import StreamAssignment
 from streampass.analysis.requirements import Accesses, Orderings, accesses
 from streampass.ops import AMBIENT
@@ -51,6 +52,14 @@ def fixed_streams(a: StreamAssignment) -> dict[Node, tuple[int, str]]:
             out[node] = (a.stream[node], "fixed by user annotation")
         elif depth > 0:
             out[node] = (a.stream[node], "fixed by an enclosing fork/join region")
+    module = a.graph.owning_module
+    if isinstance(module, torch.fx.GraphModule):
+        for op, (name, streams) in bodies.ops_with_streams(module, a).items():
+            if op not in out and a.is_compute(op):
+                out[op] = (
+                    AMBIENT,
+                    f"its body {name} places work on streams {streams}: run plans a body from the ambient stream",
+                )
     return out
 
 

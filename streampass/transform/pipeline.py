@@ -255,13 +255,13 @@ def _bodies_callers_to_ambient(gm, external_events, given, planned: bool) -> tup
     other streams to the ambient stream (``bodies.off_ambient``), its getitems with it, before
     ``gm`` is planned: a body is planned from the ambient stream, and syncs order the op with the
     side stream's work. Returns ``gm``'s reading (``given``, or a new one if an op moved), the
-    warnings to give once the run succeeds, and the streams the bodies use (:func:`_tree_streams`)."""
+    warnings to give once the run succeeds, and the streams the bodies use (``bodies.tree_streams``)."""
     ext = tuple(sorted(event_indices(external_events)))
     a = given if given is not None else read_streams(gm, ext)
     moved: set[torch.fx.Node] = set()
     notes, below = [], set()
     for body in bodies.bodies(gm):
-        inner = _tree_streams(body.module, bodies.external_events(a), planned)
+        inner = bodies.tree_streams(body.module, bodies.external_events(a), planned)
         below.update(inner)
         for op in set(bodies.off_ambient(body, a, inner)) - moved:
             notes.append(
@@ -273,27 +273,6 @@ def _bodies_callers_to_ambient(gm, external_events, given, planned: bool) -> tup
                 node.meta["custom"] = {**(node.meta.get("custom") or {}), "stream": AMBIENT}
             moved.add(op)
     return (read_streams(gm, ext) if moved else a), notes, below
-
-
-def _tree_streams(module: torch.fx.GraphModule, ext, planned: bool) -> list[int]:
-    """The streams ``module`` and every body under it use. ``planned``: as its last plan recorded
-    them (``runtime.state(module)["streams"]``; inductor hands each body to the pass, and lowers
-    it, before the graph that calls it), where there is such a record; else as read now."""
-    record = module.meta.get("streampass", {})
-    if planned and "streams" in record:
-        return list(record["streams"])
-    a = read_streams(module, ext)
-    out = set(a.streams)
-    for body in bodies.bodies(module):
-        out.update(_tree_streams(body.module, bodies.external_events(a), planned))
-    return sorted(out)
-
-
-def streams_below(gm: torch.fx.GraphModule, a: StreamAssignment) -> set[int]:
-    """The streams the bodies under ``gm`` use, as their last plans recorded them (a body never
-    planned: as read now); ``a`` is ``gm``'s reading. What ``gm``'s own record must add, so that
-    a caller of ``gm`` sees them (``StreamPass`` on a graph with nothing of its own to plan)."""
-    return {s for body in bodies.bodies(gm) for s in _tree_streams(body.module, bodies.external_events(a), True)}
 
 
 def _reserve_events(gm: torch.fx.GraphModule, free: int) -> None:
