@@ -59,6 +59,37 @@ def test_module_attributes_are_inputs_wherever_they_stand(make):
     torch.testing.assert_close(gm(x), original(x))
 
 
+class WritesBufferThenReadsOnSide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buf", torch.ones(4, 4))
+
+    def forward(self, x):
+        self.buf[:2].mul_(2)  # the ambient stream writes part of the buffer
+        with sp.stream(1):
+            return x + self.buf  # stream 1 reads it: after the write
+
+
+def test_two_get_attrs_of_one_tensor_are_one_storage():
+    """make_fx names a module tensor anew at each use: the write went through one get_attr and
+    the side stream read through another, read as two storages, so run ordered nothing between
+    them (verify clean, a race). Tied weights (two names, one tensor) are the same case."""
+    traced = make_fx(WritesBufferThenReadsOnSide())(torch.zeros(4, 4))
+    getters = [n for n in traced.graph.nodes if n.op == "get_attr"]
+    assert len(getters) == 2 and len({n.target for n in getters}) == 1
+    tied = copy.deepcopy(traced)
+    tied.other = tied.get_buffer(getters[1].target)  # a second name for the same tensor
+    next(n for n in tied.graph.nodes if n.name == getters[1].name).target = "other"
+    tied.recompile()
+    for gm in (traced, tied):
+        hazards = sp.verify(gm).hazards
+        assert any(h.kind == "raw" and "mul_" in h.nodes and "add" in h.nodes for h in hazards), hazards
+        x = torch.randn(4, 4)
+        expected = copy.deepcopy(gm)(x)
+        assert sp.run(gm).ok and sp.verify(gm).ok
+        torch.testing.assert_close(gm(x), expected)
+
+
 def _side_stream_graph():
     def f(x):
         with sp.stream(1):

@@ -192,6 +192,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     getitem, control_deps = operator.getitem, ops.CONTROL_DEPS
     returned: torch.fx.Node | None = None  # the output, once passed: FX's code ends there
     owner = graph.owning_module
+    attributes: dict[tuple, torch.fx.Node] = {}  # one storage, however many get_attr nodes name it
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
     for node in nodes:
@@ -231,8 +232,11 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         annotated = annotated_stream(node)
         if op == "output":
             returned = node
-        if op == "get_attr" and owner is not None and ops.attribute(owner, target) is ops.MISSING:
-            raise StreamPassError(f"get_attr of {target!r}, which the graph's module does not have", node.name)
+        if op == "get_attr":
+            held = ops.attribute(owner, target) if owner is not None else None
+            if held is ops.MISSING:
+                raise StreamPassError(f"get_attr of {target!r}, which the graph's module does not have", node.name)
+            root[node] = attributes.setdefault(values.attribute_storage(target, held), node)
         if op in ("placeholder", "get_attr", "output"):
             stream[node] = AMBIENT  # inputs are ready on the ambient stream; outputs are returned there
             continue
