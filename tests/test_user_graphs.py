@@ -143,6 +143,33 @@ def _saved(module) -> bytes:
     return buf.getvalue()
 
 
+class ScalesOnSide(torch.nn.Module):
+    def __init__(self, only_weight: bool):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+        self.only_weight = only_weight
+
+    def forward(self, x):
+        with sp.stream(1):
+            y = self.w.sin() if self.only_weight else x * self.w
+        return y + x
+
+
+@pytest.mark.parametrize("only_weight", [False, True], ids=["input-and-weight", "weight-only"])
+def test_syncs_around_module_tensors_survive_pickling(only_weight):
+    """make_fx's tensor attributes are plain tensors when unpickling re-traces the code, not
+    graph values: a sync whose arguments were attributes only (the entry record ordered after
+    the weight; a wait threading the weight to stream 1) ran at trace time and vanished, and
+    the loaded module waited on an event nothing recorded."""
+    model = ScalesOnSide(only_weight)
+    x = torch.randn(4, 4)
+    gm = make_fx(model)(x)
+    assert sp.run(gm).ok
+    loaded = torch.load(io.BytesIO(_saved(gm)), weights_only=False)
+    assert _sync_args(loaded) == _sync_args(gm) and sp.verify(loaded).ok
+    torch.testing.assert_close(loaded(x), model(x))
+
+
 def test_a_rewritten_graph_traced_again_runs_again():
     """symbolic_trace of a run result (or of its to_folder code) reads each sync body once per
     use: one get_attr per sync. run dropped a body's submodule when one of them fell unused,

@@ -282,10 +282,11 @@ class _Editor:
                 self.changed = True
             self._reroute(wrapped, ops.passthrough_values(wrapped), rewires)
             return wrapped
-        if not deps and not passthrough and self.placeholders:
+        if self.placeholders and all(n.op == "get_attr" for n in (*deps, *passthrough)):
             # A call with no graph value among its arguments is run, not recorded, when FX
-            # re-traces the code (unpickling a GraphModule): depend on an input, always ready.
-            deps = [self.placeholders[0]]
+            # re-traces the code (unpickling a GraphModule; make_fx's tensor attributes are
+            # plain tensors there, not graph values): depend on an input too, always ready.
+            deps = [*deps, self.placeholders[0]]
         # The plain sync node becomes its own wrapper (no new node): same name, place and meta.
         getter = self._subgraph(call, len(passthrough))
         sync.target = ops.CONTROL_DEPS
