@@ -171,6 +171,35 @@ def test_a_sort_that_places_the_output_early_still_runs_every_sync():
     assert again.ok and again.records_added == again.waits_added == 0
 
 
+def test_an_output_made_after_the_last_sync_still_follows_it():
+    """The ambient stream's last sync is the exit join of stream 1 (before a dead copy_ into
+    stream 1's temporary), and everything the output reads is made after it, from values made
+    before it. The output read nothing through it, so legalize_graph put the join after the
+    return: it never ran, and verify refused the sorted graph."""
+    from torch.fx.passes.tools_common import legalize_graph
+
+    from graphs import GraphBuilder
+
+    aten = torch.ops.aten
+    b = GraphBuilder()
+    x = b.input("x")
+    m = b.op(aten.mul.Tensor, x, x, stream=1)  # a temporary made on stream 1
+    y = b.op(aten.sin.default, x, stream=0)
+    b.op(aten.copy_.default, m, y, stream=0)  # the ambient stream writes it; nothing reads it after
+    gm = b.output(b.op(aten.cos.default, y, stream=0))
+    assert sp.run(gm).ok and not sp.run(gm).changed
+    legalize_graph(gm)
+    gm.recompile()
+    nodes = list(gm.graph.nodes)
+    after = nodes[[n.op for n in nodes].index("output") + 1 :]
+    assert not [n.name for n in after if ops.as_sync_call(n) is not None]
+    assert sp.verify(gm).ok
+    x = torch.randn(4)
+    torch.testing.assert_close(gm(x)[0], x.sin().cos())
+    again = sp.run(gm)
+    assert again.ok and again.records_added == again.waits_added == 0
+
+
 def test_a_sync_after_the_output_is_refused():
     """FX appends a node made after the output behind it, where it never runs."""
     g = torch.fx.Graph()

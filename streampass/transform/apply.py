@@ -169,9 +169,10 @@ class _Editor:
     def _order_output_after(self, last: Node, index) -> None:
         """Make the output read one value through ``last`` (:func:`encoding.output_value_to_thread`)."""
         out = next(iter(self.graph.find_nodes(op="output")), None)
-        value = output_value_to_thread(out, last, index) if out is not None else None
-        if value is not None:
-            self._wrap(last, ops.as_sync_call(last), [], [value], [(out, value, value)])
+        use = output_value_to_thread(out, last, index) if out is not None else None
+        if use is not None:
+            user, value = use
+            self._wrap(last, ops.as_sync_call(last), [], [value], [(user, value, value)])
 
     def _rewires(self, order: list[Node], index, gates) -> dict[Node, list[tuple[Node, Node]]]:
         """sync node -> the uses ``(user, input)`` to read through it (in the graph as it was

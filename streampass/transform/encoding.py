@@ -52,10 +52,13 @@ def last_work(work: list[Node], known: dict[Node, frozenset[Node]] | None = None
     return [n for n in work if inside.isdisjoint(known[n])]
 
 
-def output_value_to_thread(out: Node, last: Node, index: dict[Node, int]) -> Node | None:
-    """The value the output should read through ``last``, the ambient stream's last sync, or
-    None if data already orders the output after ``last`` (or no tensor of the output is made
-    before it: ``index`` is the graph order).
+def output_value_to_thread(out: Node, last: Node, index: dict[Node, int]) -> tuple[Node, Node] | None:
+    """The use ``(user, value)`` that should read ``value`` through ``last``, the ambient
+    stream's last sync, so that the output follows ``last``; None if data already orders the
+    output after ``last`` (or nothing it reads is made before it: ``index`` is the graph order).
+    The output itself reads through ``last`` when it can; else the first node of its tail (the
+    nodes after ``last`` it depends on, all on the ambient stream: ``last`` ends every side
+    stream) with an input made before ``last``.
 
     The per-stream chains and the exit joins make every sync an ancestor of ``last``; reading
     through it makes every sync an ancestor of the output. Otherwise a sort that places the
@@ -63,21 +66,29 @@ def output_value_to_thread(out: Node, last: Node, index: dict[Node, int]) -> Nod
     waits after FX's ``return``.
 
     >>> g = torch.fx.Graph(); x = g.placeholder("x")
-    >>> y = g.call_function(torch.sin, (x,)); w = g.call_function(torch.cos, (x,)); out = g.output(y)
+    >>> y = g.call_function(torch.sin, (x,)); w = g.call_function(torch.cos, (x,))
+    >>> z = g.call_function(torch.tan, (y,)); out = g.output((y, z))
     >>> order = {n: i for i, n in enumerate(g.nodes)}
-    >>> output_value_to_thread(out, w, order) is y  # w stands for the last sync: y is made before it
+    >>> output_value_to_thread(out, w, order) == (out, y)  # w stands for the last sync
+    True
+    >>> out.args = (z,)
+    >>> output_value_to_thread(out, w, order) == (z, y)  # z, made after w, reads y through it
     True
     """
     at = index[last]
-    seen, todo = {out}, [out]
-    while todo:  # only nodes after ``last`` in graph order can read it: the walk stays in the tail
-        for x in todo.pop().all_input_nodes:
+    seen, tail = {out}, [out]
+    for node in tail:  # breadth first: only nodes after ``last`` in graph order can read it
+        for x in node.all_input_nodes:
             if x is last:
                 return None
             if x not in seen and index.get(x, len(index)) >= at:
                 seen.add(x)
-                todo.append(x)
-    return next((x for x in out.all_input_nodes if index.get(x, len(index)) < at and _tensor_like(x)), None)
+                tail.append(x)
+    for user in tail:
+        value = next((x for x in user.all_input_nodes if index.get(x, len(index)) < at and _tensor_like(x)), None)
+        if value is not None:
+            return user, value
+    return None
 
 
 def _tensor_like(n: Node) -> bool:
