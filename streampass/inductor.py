@@ -82,9 +82,7 @@ def _hash_files(paths: tuple[str, ...], extra: str) -> bytes:
     return h.digest()
 
 
-# --------------------------------------------------------------------------------------------
-# The pass
-# --------------------------------------------------------------------------------------------
+# ----- The pass ------------------------------------------------------------------------------
 class StreamPass(PassBase):
     """:func:`streampass.run` as ``torch._inductor.config.post_grad_custom_post_pass``.
 
@@ -238,9 +236,7 @@ def _emit(report: GraphReport) -> None:
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Installing it
-# --------------------------------------------------------------------------------------------
+# ----- Installing it ------------------------------------------------------------------------
 def _as_list(p: Any) -> list:
     if p is None:
         return []
@@ -261,12 +257,17 @@ def with_streampass(current: Any, pass_: StreamPass | None = None) -> list:
     return [*passes, pass_ if pass_ is not None else StreamPass()]
 
 
-def _the_pass(pass_: StreamPass | None, assign: str | None) -> StreamPass | None:
-    if assign is None:
-        return pass_
-    if pass_ is not None:
-        raise StreamPassError("give either a StreamPass or assign=..., not both (StreamPass(assign=...) takes it)")
-    return StreamPass(assign=assign)
+def _the_pass(pass_: StreamPass | None, assign: str | None, active: Any) -> StreamPass | None:
+    """The pass asked for; refused if another StreamPass is ``active`` (it would be dropped)."""
+    if assign is not None:
+        if pass_ is not None:
+            raise StreamPassError("give either a StreamPass or assign=..., not both (StreamPass(assign=...) takes it)")
+        pass_ = StreamPass(assign=assign)
+    held = next((p for p in _as_list(active) if isinstance(p, StreamPass)), pass_)
+    if held is not pass_ and pass_ is not None:
+        raise StreamPassError("another StreamPass is enabled (enable(), or an enclosing enabled() block), and would "
+                              "be used instead: use the one it returned, or disable it first")  # fmt: skip
+    return pass_
 
 
 #: what enable() did, for disable(): (the pass, the config value before, the value it set)
@@ -303,8 +304,10 @@ def enable(pass_: StreamPass | None = None, *, assign: str | None = None) -> Str
     before = config.post_grad_custom_post_pass
     if _enabled is None:
         aot_guard_on()
+    else:
+        _the_pass(pass_, assign, _enabled[0])
     if _enabled is None or not _holds_streampass(before):  # else: nothing to change
-        passes = with_streampass(before, _enabled[0] if _enabled else _the_pass(pass_, assign))
+        passes = with_streampass(before, _enabled[0] if _enabled else _the_pass(pass_, assign, before))
         config.post_grad_custom_post_pass = post_grad_config(passes)
         mine = next(p for p in passes if isinstance(p, StreamPass))
         _enabled = (mine, before, config.post_grad_custom_post_pass)
@@ -356,7 +359,9 @@ def enabled(pass_: StreamPass | None = None, *, assign: str | None = None) -> It
     """
     from torch._inductor import config
 
-    passes = with_streampass(config.post_grad_custom_post_pass, _the_pass(pass_, assign))
+    passes = with_streampass(
+        config.post_grad_custom_post_pass, _the_pass(pass_, assign, config.post_grad_custom_post_pass)
+    )
     mine = next(p for p in passes if isinstance(p, StreamPass))
     install_object_fallback()
     with (
@@ -375,8 +380,7 @@ def _adding(pass_: StreamPass, config_value: Any):
     return post_grad_config(with_streampass(config_value, pass_))
 
 
-# The guard for torch's AOT stream passes on CPU lives in streampass.compat; this name is kept
-# because docs and users of the inductor integration reach for it here.
+# The guard for torch's AOT stream passes on CPU lives in streampass.compat (docs name it here).
 cpu_safe_aot_stream_passes = cpu_safe_aot
 
 

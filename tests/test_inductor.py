@@ -461,3 +461,30 @@ def test_aot_guard_skips_cpu_graphs_only_and_restores():
             compat._guarded_sync_deallocations.cache_clear()
     assert seen == [meta]
     assert graph_capture.sync_deallocations is original
+
+
+def test_a_pass_given_while_another_is_enabled_is_refused_not_dropped():
+    """enable() then enabled(StreamPass(keep_graphs=True)), or an inner enabled(p) in an outer
+    one, compiled through the pass already enabled: the given pass (its keep_graphs, its
+    assign) was silently ignored. It is refused, and the config is left as it was."""
+    before = inductor_config.post_grad_custom_post_pass
+    installed = spi.enable()
+    try:
+        with pytest.raises(sp.StreamPassError, match="another StreamPass is enabled"):
+            with spi.enabled(spi.StreamPass(keep_graphs=True)):
+                pass
+        with pytest.raises(sp.StreamPassError, match="another StreamPass is enabled"):
+            spi.enable(assign="auto")
+        with spi.enabled() as p, spi.enabled(installed) as q:  # the enabled pass, asked for or not
+            assert p is q is installed
+        assert spi.enable() is installed
+    finally:
+        spi.disable()
+    assert inductor_config.post_grad_custom_post_pass is before
+    outer = spi.StreamPass()
+    with spi.enabled(outer):
+        with pytest.raises(sp.StreamPassError, match="another StreamPass is enabled"):
+            with spi.enabled(assign="auto"):
+                pass
+        with spi.enabled() as inner:
+            assert inner is outer
