@@ -26,7 +26,9 @@ def stream(k: int):
 
     Works under ``make_fx``, ``aot_function`` and ``torch.compile`` (dynamo traces
     ``torch.fx.traceback.annotate``); blocks nest, the innermost wins; ``k = 0`` is the
-    ambient stream. Outside tracing it does nothing but set the annotation. A graph break inside
+    ambient stream. Outside tracing it does nothing but set the annotation (around a
+    call of a compiled function dynamo copies that onto the graph it compiles, with no guard;
+    StreamPass warns: put the block inside the function). A graph break inside
     the block makes dynamo run the whole function eagerly (it cannot resume inside
     ``annotate``), as it does for a ``with torch.Stream(...)`` block. Under ``torch.compile`` ``k``
     is an index of dynamo's object table: in a function that also uses ``torch.Stream``/``Event``

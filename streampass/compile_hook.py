@@ -32,6 +32,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -131,6 +132,7 @@ def install(holds_pass: Callable[[Any], bool]) -> None:
             patches[KEY] = add(patches.get(KEY, getattr(config, KEY)))
         elif not _holds_pass(patches.get(KEY, getattr(config, KEY))):
             return original(*args, **kwargs)
+        _warn_if_in_eager_block()
         offset = forward_offset()
         _stamp(call.arguments["model_"], offset)
         call.arguments["inner_compile"] = _stamping(call.arguments["inner_compile"], offset)
@@ -144,6 +146,26 @@ def install(holds_pass: Callable[[Any], bool]) -> None:
 
     compile_fx._streampass_hook = True
     module.compile_fx = compile_fx
+
+
+def _warn_if_in_eager_block() -> None:
+    """An eager ``with sp.stream(k):`` around the call being compiled leaves its annotation in
+    ``fx.traceback``, which dynamo copies onto every node of this graph without a guard: the
+    call that compiles first decides, for every later call in the block or out of it."""
+    from torch.fx import traceback as fx_traceback
+
+    from streampass.errors import StreamPassWarning
+
+    k = (fx_traceback.current_meta.get("custom") or {}).get("stream")
+    if k is not None:
+        warnings.warn(
+            StreamPassWarning(
+                f"torch.compile compiles a function called inside an eager `with sp.stream({k})` block: "
+                "dynamo puts the whole graph on that stream without guarding on it, so later calls, in "
+                "the block or out of it, reuse what this one compiled; put the block inside the function"
+            ),
+            stacklevel=2,
+        )
 
 
 def _stamping(inner_compile: Callable, offset: int) -> Callable:

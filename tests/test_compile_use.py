@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -833,3 +834,22 @@ def test_compiling_a_graph_run_already_rewrote_gives_the_graphs_result():
         out = torch.compile(gm)(x, w)
     torch.testing.assert_close(out, f(x, w))
     assert p.reports  # the graphs with nothing of the kind went through the pass as usual
+
+
+def test_a_compile_inside_an_eager_stream_block_warns(fresh_caches):
+    """An eager `with sp.stream(1):` around a call of a compiled function: dynamo copied the
+    block's annotation onto the whole graph with no guard, so whichever call compiled first
+    decided the streams of every later call, silently. It still does (torch's), but says so."""
+
+    def inner(x):
+        return (x.sin() * 2).cos()
+
+    x = torch.randn(8)
+    compiled = torch.compile(inner)
+    with spi.enabled():
+        with sp.stream(1), pytest.warns(sp.StreamPassWarning, match=r"inside an eager `with sp.stream\(1\)` block"):
+            torch.testing.assert_close(compiled(x), inner(x))
+    torch._dynamo.reset()
+    with spi.enabled(), warnings.catch_warnings():
+        warnings.simplefilter("error", sp.StreamPassWarning)
+        torch.testing.assert_close(torch.compile(inner)(x), inner(x))  # no block: no warning
