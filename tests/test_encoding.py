@@ -200,6 +200,25 @@ def test_an_output_made_after_the_last_sync_still_follows_it():
     assert again.ok and again.records_added == again.waits_added == 0
 
 
+@pytest.mark.parametrize("part", ["split", "chunk", "unbind"])
+def test_an_output_tail_through_a_list_of_views_is_not_rewired(part):
+    """The same program traced by symbolic_trace (no metadata), returning a piece of a list of
+    views made before the sync: the getitem was taken for the tail's reader and rewired to read
+    the list through the sync (internal error: a getitem read storage x, not the list)."""
+
+    def f(x):
+        pieces = {"split": lambda: x.split(2), "chunk": lambda: x.chunk(2), "unbind": lambda: x.unbind(0)}[part]()
+        with sp.stream(1):
+            m = x * x
+        m.copy_(x.sin())
+        return pieces[1] * 2
+
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(4, 4)
+    assert sp.run(gm).ok and not sp.run(gm).changed
+    torch.testing.assert_close(gm(x), f(x))
+
+
 def test_a_sync_after_the_output_is_refused():
     """FX appends a node made after the output behind it, where it never runs."""
     g = torch.fx.Graph()

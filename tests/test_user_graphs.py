@@ -170,6 +170,17 @@ def test_syncs_around_module_tensors_survive_pickling(only_weight):
     torch.testing.assert_close(loaded(x), model(x))
 
 
+def test_syncs_on_values_made_from_module_tensors_only_survive_pickling():
+    """The record after the buffer's mul_ depends on the mul_ and the buffer, neither of which
+    depends on an input: a re-trace computed both, and the record, at trace time, and the loaded
+    module waited on an event nothing recorded. (That the mul_ itself then runs once, at load,
+    is FX's re-trace, with or without streampass.)"""
+    gm = make_fx(WritesBufferThenReadsOnSide())(torch.zeros(4, 4))
+    assert sp.run(gm).ok
+    loaded = torch.load(io.BytesIO(_saved(gm)), weights_only=False)
+    assert _sync_args(loaded) == _sync_args(gm) and sp.verify(loaded).ok
+
+
 def test_a_rewritten_graph_traced_again_runs_again():
     """symbolic_trace of a run result (or of its to_folder code) reads each sync body once per
     use: one get_attr per sync. run dropped a body's submodule when one of them fell unused,

@@ -35,7 +35,8 @@ class StreamAssignment:
         stream: node -> stream index (0 = ambient).
         syncs: node -> :class:`~streampass.ops.SyncCall` for every stream op (fork/join included).
         root: node -> the node that made the storage its value lives in (views, in-place
-            results and ``control_deps`` passthroughs resolve to their source).
+            results and ``control_deps`` passthroughs resolve to their source; a ``get_attr`` to
+            the first ``get_attr`` of the same tensor storage).
         external_events: event indices the caller declared as recorded outside the graph.
         position: node -> its index in ``nodes``.
         compute: the nodes that do work on a stream (see :meth:`is_compute`): not views

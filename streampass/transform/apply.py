@@ -27,7 +27,7 @@ from streampass import ops, values
 from streampass.analysis.reading import StreamAssignment
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
-from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_thread
+from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_thread, reads_an_input
 from streampass.transform.plan import SyncPlan
 from streampass.transform.reading_after import check_order, check_region, reading_after
 from streampass.transform.subgraphs import drop_unused_body, free_attr, sync_subgraph
@@ -61,6 +61,7 @@ class _Editor:
         self.index: dict[Node, int] = {}
         self.subgraphs: dict[tuple, Node] = {}
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        self.reads_input: dict[Node, bool] = {}  # encoding.reads_an_input's answers
         self.calls: dict[Node, ops.SyncCall] = dict(self.a.syncs)  # every stream op, new ones too
         self.edited: list[Node] = []  # nodes made or given new inputs, for check_order
         self.switches: list[Node] = []  # fork/join nodes, replaced by annotations
@@ -283,11 +284,8 @@ class _Editor:
                 self.changed = True
             self._reroute(wrapped, ops.passthrough_values(wrapped), rewires)
             return wrapped
-        if self.placeholders and all(n.op == "get_attr" for n in (*deps, *passthrough)):
-            # A call with no graph value among its arguments is run, not recorded, when FX
-            # re-traces the code (unpickling a GraphModule; make_fx's tensor attributes are
-            # plain tensors there, not graph values): depend on an input too, always ready.
-            deps = [*deps, self.placeholders[0]]
+        if self.placeholders and not any(reads_an_input(n, self.reads_input) for n in (*deps, *passthrough)):
+            deps = [*deps, self.placeholders[0]]  # else a re-trace (unpickling) runs the sync at trace time
         # The plain sync node becomes its own wrapper (no new node): same name, place and meta.
         getter = self._subgraph(call, len(passthrough))
         sync.target = ops.CONTROL_DEPS

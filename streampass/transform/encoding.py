@@ -8,7 +8,7 @@ import operator
 import torch
 import torch.fx
 
-from streampass import ops
+from streampass import ops, values
 
 Node = torch.fx.Node
 
@@ -57,8 +57,10 @@ def output_value_to_thread(out: Node, last: Node, index: dict[Node, int]) -> tup
     stream's last sync, so that the output follows ``last``; None if data already orders the
     output after ``last`` (or nothing it reads is made before it: ``index`` is the graph order).
     The output itself reads through ``last`` when it can; else the first node of its tail (the
-    nodes after ``last`` it depends on, all on the ambient stream: ``last`` ends every side
-    stream) with an input made before ``last``.
+    nodes after ``last`` it depends on: the ambient stream's work, since ``last`` ends every side
+    stream's, and views) with a tensor input made before ``last``. A tail whose every input is
+    made after ``last`` (a factory), or reached only through a multi-output op's getitems, gets
+    None: nothing it reads can carry the order.
 
     The per-stream chains and the exit joins make every sync an ancestor of ``last``; reading
     through it makes every sync an ancestor of the output. Otherwise a sort that places the
@@ -85,6 +87,8 @@ def output_value_to_thread(out: Node, last: Node, index: dict[Node, int]) -> tup
                 seen.add(x)
                 tail.append(x)
     for user in tail:
+        if user.target is operator.getitem and not values.indexes_a_tensor(user):
+            continue  # one result of a multi-output op: what it reads is the op's list, not a tensor
         value = next((x for x in user.all_input_nodes if index.get(x, len(index)) < at and _tensor_like(x)), None)
         if value is not None:
             return user, value
@@ -94,3 +98,29 @@ def output_value_to_thread(out: Node, last: Node, index: dict[Node, int]) -> tup
 def _tensor_like(n: Node) -> bool:
     val = n.meta.get("val")
     return isinstance(val, torch.Tensor) or ("val" not in n.meta and n.op != "get_attr")
+
+
+def reads_an_input(node: Node, memo: dict[Node, bool]) -> bool:
+    """Whether ``node`` depends on a placeholder. FX re-traces a module's code when it is
+    unpickled, with module tensors as plain tensors: a node that depends on no placeholder is
+    computed at trace time, and a sync on it runs then and vanishes. ``memo`` carries answers
+    between calls.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x"); w = g.get_attr("w")
+    >>> y = g.call_function(torch.sin, (w,)); z = g.call_function(torch.add, (y, x))
+    >>> memo = {}
+    >>> reads_an_input(y, memo), reads_an_input(z, memo)
+    (False, True)
+    """
+    todo = [node]
+    while todo:
+        n = todo[-1]
+        if n in memo:
+            todo.pop()
+        elif n.op == "placeholder":
+            memo[todo.pop()] = True
+        elif pending := [i for i in n.all_input_nodes if i not in memo]:
+            todo.extend(pending)
+        else:
+            memo[todo.pop()] = any(memo[i] for i in n.all_input_nodes)
+    return memo[node]
