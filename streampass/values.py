@@ -239,27 +239,20 @@ def indexes_a_tensor(node: torch.fx.Node) -> bool:
 def attribute_storage(target: str, held: object) -> tuple:
     """What makes two ``get_attr`` nodes read one storage: the storage of the tensor ``held`` at
     ``target`` (``make_fx`` names a module's tensor anew at each use; tied weights have two
-    names), else the name itself (a fake or meta tensor, a submodule, no module to look in).
+    names), by identity, so a storage resized to nothing (FSDP) or a fake or meta one counts
+    too; else the name itself (a sparse tensor, a submodule, no module to look in).
 
     >>> import torch
-    >>> w = torch.ones(2)
-    >>> attribute_storage("a", w) == attribute_storage("b", w), attribute_storage("c", None)
+    >>> w = torch.ones(4)
+    >>> attribute_storage("a", w) == attribute_storage("b", w[2:]), attribute_storage("c", None)
     (True, ('name', 'c'))
     """
-    if isinstance(held, torch.Tensor) and held.device.type != "meta" and not _is_fake(held):
+    if isinstance(held, torch.Tensor):
         try:
-            pointer = held.untyped_storage().data_ptr()
+            return ("storage", held.untyped_storage()._cdata)
         except (RuntimeError, NotImplementedError):  # sparse, nested: no one storage to name
-            pointer = 0
-        if pointer:
-            return ("storage", str(held.device), pointer)
+            pass
     return ("name", target)
-
-
-def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor)
 
 
 def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
