@@ -455,6 +455,8 @@ def _malformed(kind: str) -> torch.fx.GraphModule:
         sub = g.get_attr("body")
         args = {"control_deps of work": ((y,), sub, x), "control_deps without a tuple": (y, sub, x)}[kind]
         g.call_function(ops.CONTROL_DEPS, args, name="bad")
+    elif kind == "custom not a dict":
+        g.call_function(aten.cos.default, (x,), name="bad").meta["custom"] = "stream1"
     z = g.call_function(aten.neg.default, (y,), name="z")
     if kind != "no output":
         g.output((z,))
@@ -478,12 +480,14 @@ def _malformed(kind: str) -> torch.fx.GraphModule:
         ("control_deps without a tuple", "dependencies must be a tuple"),
         ("no output", "no output node"),
         ("get_attr of nothing", "get_attr of 'nothing', which the graph's module does not have"),
+        ("custom not a dict", 'meta\\["custom"\\] is a str: annotations are a dict'),
     ],
 )
 def test_malformed_graphs_are_refused_naming_the_node_and_left_unchanged(kind, message):
     """Stream ops whose arguments do not fit their schema, ``control_deps`` that wraps work (its
     reads and writes would go unseen) or is malformed, a graph with no output, a get_attr of an
-    attribute the module lacks (the call fails): a StreamPassError naming the node, from ``verify`` and ``run``, and the graph as it was (before,
+    attribute the module lacks (the call fails), an annotation that is not a dict (run failed with an
+    internal error naming no node): a StreamPassError naming the node, from ``verify`` and ``run``, and the graph as it was (before,
     each was accepted and failed when called, crashed, or missed a race)."""
     gm = _malformed(kind)
     code, nodes = gm.code, [(n.name, n.target, n.args, n.kwargs) for n in gm.graph.nodes]

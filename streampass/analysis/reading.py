@@ -102,7 +102,9 @@ def annotated_stream(node: torch.fx.Node) -> int | None:
     """
     custom = node.meta.get("custom")
     if not isinstance(custom, dict):
-        return None
+        if custom is None:
+            return None
+        raise StreamPassError(f'meta["custom"] is a {type(custom).__name__}: annotations are a dict', node.name)
     s = custom.get("stream")
     if s is None or (type(s) is int and 0 <= s <= MAX_INDEX):
         return s

@@ -47,6 +47,9 @@ class CrossStreamValue:
 def is_tensor_value(node: Node) -> bool:
     """Whether ``node`` produces a tensor (or tensors), judged by its metadata; unknown: yes."""
     val = node.meta.get("val", node.meta.get("example_value"))
+    if val is None and node.op == "get_attr" and node.graph.owning_module is not None:
+        held = ops.attribute(node.graph.owning_module, node.target)  # a cond's branch is no tensor
+        return held is ops.MISSING or isinstance(held, torch.Tensor)
     if val is None:
         return node.op != "output"  # unknown: assume a tensor (conservative)
     if isinstance(val, torch.Tensor):
