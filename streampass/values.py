@@ -251,7 +251,7 @@ def attribute_storage(target: str, held: object) -> tuple:
         try:
             return ("storage", held.untyped_storage()._cdata)
         except (RuntimeError, NotImplementedError):  # sparse, nested: no one storage to name
-            pass
+            return ("name", target)
     return ("name", target)
 
 

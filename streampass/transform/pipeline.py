@@ -134,7 +134,7 @@ def run(
                 result = _run(gm, external_events, check, bind_runtime, recompile, assignment, first, records)
             for write in records:
                 write(below)
-            _reserve_events(gm, max(first, result.plan.first_event + len(result.plan.records)))
+            _reserve_events(gm, max(first, result.plan.next_event))
             _warn(notes)
             return result
         return _run_with_bodies(gm, external_events, check, bind_runtime, recompile, assignment)
@@ -229,7 +229,7 @@ def _run_tree(gm, external_events, check, bind_runtime, recompile, given, first_
     given, notes, _ = _bodies_callers_to_ambient(gm, external_events, given, False)
     mine: list = []
     result = _run(gm, external_events, check, bind_runtime, recompile, given, first_event, mine)
-    free = max(first_event, result.plan.first_event + len(result.plan.records))
+    free = max(first_event, result.plan.next_event)
     caller = result.assignment if result.assignment is not None else read_streams(gm, external_events)
     for body in bodies.bodies(gm):
         # Bodies are recompiled whatever ``recompile`` says: the caller's code calls them.

@@ -81,6 +81,11 @@ class SyncPlan:
     def is_empty(self) -> bool:
         return not self.waits
 
+    @property
+    def next_event(self) -> int:
+        """The first event index above the ones this plan's new records take."""
+        return self.first_event + len(self.records)
+
     def summary(self) -> str:
         return f"{len(self.records)} record(s), {len(self.waits)} wait(s) to add"
 

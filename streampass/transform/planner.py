@@ -358,7 +358,7 @@ class Planner:
                     node, ev = self.record_at[key]
                     shared[key] = PlannedRecord(w.source, ev, node, existing=node)
                 else:
-                    shared[key] = PlannedRecord(w.source, plan.first_event + len(plan.records), self.on[a][w.point - 1])
+                    shared[key] = PlannedRecord(w.source, plan.next_event, self.on[a][w.point - 1])
                     plan.records.append(shared[key])
             w.record = shared[key]
 
