@@ -29,6 +29,9 @@ AMBIENT = 0
 #: ``sp.stream`` block placed, as against a ``torch.Stream`` block (same ``"stream"`` key)
 SP_STREAM_KEY = "sp.stream"
 MAX_INDEX = 2**63 - 1  # the stream ops take SymInt: an int64
+#: The node kinds that call something: aten ops (make_fx, AOT) and, from ``symbolic_trace``,
+#: torch functions, tensor methods (``x.sin()``) and submodules (``self.lin(x)``).
+CALL_OPS = ("call_function", "call_method", "call_module")
 
 
 def check_stream_index(k: object, node: str | None = None) -> int:

@@ -543,3 +543,67 @@ def test_work_after_the_output_never_runs_and_is_read_as_nothing():
     result = sp.run(gm)
     assert result.ok and sp.verify(gm).ok
     assert not any(dead.name in h.nodes for h in result.before.hazards)
+
+
+# -- symbolic_trace graphs: tensor methods and submodules are calls too --------------------------
+
+
+class MethodAndModule(torch.nn.Module):
+    """``x.sin()`` is a ``call_method``, ``self.lin(x)`` a ``call_module`` in symbolic_trace's graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = x.sin()
+        z = self.lin(x)
+        return y * 2 + z
+
+
+def _traced_on_side(fork_join: bool) -> torch.fx.GraphModule:
+    """MethodAndModule with its sin and lin on stream 1: in a fork/join region, or annotated."""
+    gm = torch.fx.symbolic_trace(MethodAndModule())
+    g = gm.graph
+    sin = g.find_nodes(op="call_method", target="sin")[0]
+    lin = g.find_nodes(op="call_module", target="lin")[0]
+    if fork_join:
+        with g.inserting_before(sin):
+            g.call_function(ops.FORK, (0, 1))
+        with g.inserting_after(lin):
+            g.call_function(ops.JOIN, (1, 0))
+    else:
+        sin.meta["custom"] = lin.meta["custom"] = {"stream": 1}
+    gm.recompile()
+    return gm
+
+
+def _side_names(gm) -> set[str]:
+    a = sp.read_streams(gm)
+    return {n.name for n in a.compute if a.stream[n] == 1 and n not in a.syncs}
+
+
+def test_methods_and_modules_in_a_fork_region_keep_their_stream():
+    """run drops fork/join and annotates each node with its stream: a method or submodule call
+    lost it (it ran on the ambient stream after run, and verify agreed with that)."""
+    gm = _traced_on_side(fork_join=True)
+    assert _side_names(gm) == {"sin", "lin"}
+    x = torch.randn(2, 4)
+    want = MethodAndModule.forward(gm, x)  # the program, without the fork/join ops
+    assert sp.run(gm).ok
+    assert _side_names(gm) == {"sin", "lin"}
+    assert not gm.graph.find_nodes(op="call_function", target=ops.FORK)
+    assert sp.verify(gm).ok and not sp.run(gm).changed
+    torch.testing.assert_close(gm(x), want)
+
+
+@pytest.mark.parametrize("fork_join", [False, True])
+def test_values_made_by_methods_and_modules_are_freed_safely(fork_join):
+    """A value a method or submodule call made on stream 1 and read on the ambient stream must
+    not return to stream 1's pool before that read: verify missed the hazard (only aten calls
+    counted as allocations) and run deferred no free."""
+    gm = _traced_on_side(fork_join)
+    dealloc = {h.nodes[0] for h in sp.verify(gm).hazards if h.kind == "dealloc"}
+    assert dealloc == {"sin", "lin"}
+    assert sp.run(gm).ok
+    assert sp.verify(gm).ok

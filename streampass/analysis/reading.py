@@ -230,7 +230,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
             # there, which DCE removes), so it reads, writes and orders nothing.
             root[node], stream[node] = node, AMBIENT
             continue
-        src = values.aliases_input(node) if op in ("call_function", "call_method", "call_module") else None
+        src = values.aliases_input(node) if op in ops.CALL_OPS else None
         root[node] = root.get(src, src) if src is not None else node
         annotated = annotated_stream(node)
         if op == "output":

@@ -173,7 +173,7 @@ def requirements(
                 reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r))
             if r in reads_since_write:
                 reads_since_write[r].append(node)
-            if s_of[r] != s and r.op == "call_function":
+            if s_of[r] != s and r.op in ops.CALL_OPS:
                 cv = cross.get(r)
                 if cv is None:
                     cv = cross[r] = CrossStreamValue(r, s_of[r])
@@ -220,7 +220,7 @@ class Orderings:
             for n in a.nodes
             if n in a.compute
             for r in table[n][0]
-            if r not in table[n][1] and r.op == "call_function"
+            if r not in table[n][1] and r.op in ops.CALL_OPS
         ]
         self.outputs = {a.root[x] for n in a.nodes if n.op == "output" for x in ops.input_nodes(n)}
         self.output = next((n for n in a.nodes if n.op == "output"), None)

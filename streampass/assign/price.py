@@ -133,7 +133,7 @@ class Pricer:
         self.orderings = orderings or Orderings(self.a, self.table)
         # Per node, in issue order: (node, its stream op, whether it is device work, whether the
         # edit's encoding counts it as work issued before the next sync): none depends on streams.
-        syncs, kinds = self.a.syncs, ("call_function", "call_method", "call_module")
+        syncs, kinds = self.a.syncs, ops.CALL_OPS
         self.static = [
             (n, syncs.get(n), n not in syncs and is_device_work(self.a, n), n.op in kinds and n.target is not getitem)
             for n in self.a.nodes

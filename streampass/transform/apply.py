@@ -115,7 +115,7 @@ class _Editor:
                 self.changed = True
                 continue
             s = self.stream.get(node, AMBIENT)
-            if s != AMBIENT and node.op == "call_function":
+            if s != AMBIENT and node.op in ops.CALL_OPS:
                 custom = node.meta.get("custom") or {}
                 if custom.get("stream") != s:
                     _set_stream(node, s)
@@ -138,7 +138,7 @@ class _Editor:
             s = self.stream.get(n, AMBIENT)
             call = self.calls.get(n)
             if call is None or call.target not in WRAPPABLE:
-                if n.op in ("call_function", "call_method", "call_module") and n.target is not operator.getitem:
+                if n.op in ops.CALL_OPS and n.target is not operator.getitem:
                     pending.setdefault(s, []).append(n)
                 elif n.op == "get_attr" and isinstance(ops.attribute(self.gm, n.target), torch.Tensor):
                     # A parameter or buffer has no inputs: without this, a later pass may sort

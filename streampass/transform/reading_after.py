@@ -111,7 +111,7 @@ def check_region(a: StreamAssignment, edited) -> None:
             got is not None and (got.target, got.args, got.wrapper) != (want.target, want.args, want.wrapper)
         ):
             raise StreamPassError(f"internal error: the edit left {n.name} performing {got}, planned {want}", n.name)
-        if got is None and n.op == "call_function":
+        if got is None and n.op in ops.CALL_OPS:
             s = annotated_stream(n)
             if (AMBIENT if s is None else s) != a.stream[n]:
                 raise StreamPassError(f"internal error: {n.name} is annotated {s}, planned {a.stream[n]}", n.name)
