@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from streampass.ops import CONTROL_DEPS, passthrough_source
+from streampass.ops import CONTROL_DEPS, MISSING, attribute, passthrough_source
 
 
 @dataclass(frozen=True)
@@ -253,6 +253,65 @@ def attribute_storage(target: str, held: object) -> tuple:
         except (RuntimeError, NotImplementedError):  # sparse, nested: no one storage to name
             return ("name", target)
     return ("name", target)
+
+
+def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
+    """The tensors a ``call_module`` uses without taking them as arguments (``symbolic_trace``
+    keeps ``self.lin(x)`` as one call): ``(qualified name, tensor, whether the call writes it)``
+    for each parameter (read) and buffer (written while its module trains: batch norm's running
+    statistics). A submodule that is a ``GraphModule`` also reads the tensors its own
+    ``get_attr`` nodes name.
+
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
+    >>> lin, bn = gm.graph.find_nodes(op="call_module")
+    >>> [(k, w) for k, _, w in module_state(lin)]
+    [('0.weight', False), ('0.bias', False)]
+    >>> [(k, w) for k, _, w in module_state(bn)][2:4]
+    [('1.running_mean', True), ('1.running_var', True)]
+    >>> _ = gm.eval(); [w for _, _, w in module_state(bn)][2:4]  # evaluating: only read
+    [False, False]
+    """
+    owner = node.graph.owning_module
+    module = attribute(owner, node.target) if owner is not None else MISSING
+    if not isinstance(module, torch.nn.Module):
+        return []
+    out = [(f"{node.target}.{k}", p, False) for k, p in module.named_parameters()]
+    for k, b in module.named_buffers():
+        out.append((f"{node.target}.{k}", b, module.get_submodule(k.rpartition(".")[0]).training))
+    if isinstance(module, torch.fx.GraphModule):
+        for n in module.graph.find_nodes(op="get_attr"):
+            held = attribute(module, n.target)
+            if isinstance(held, torch.Tensor):
+                out.append((f"{node.target}.{n.target}", held, module.training))
+    return out
+
+
+def attribute_roots(nodes: list[torch.fx.Node], owner) -> dict[tuple, torch.fx.Node]:
+    """storage (``attribute_storage``) -> the first ``get_attr`` before the output that
+    names it: known before the walk, so a ``call_module`` earlier in the graph finds it too."""
+    out: dict[tuple, torch.fx.Node] = {}
+    for node in nodes:
+        if node.op == "output":
+            break
+        if node.op == "get_attr" and owner is not None:
+            held = attribute(owner, node.target)
+            if held is not MISSING:
+                out.setdefault(attribute_storage(node.target, held), node)
+    return out
+
+
+def module_state_roots(node: torch.fx.Node, attributes: dict[tuple, torch.fx.Node]):
+    """(roots read, roots written) of the tensors ``node`` (a ``call_module``) uses unseen; a
+    tensor no ``get_attr`` names gets a root of its own, shared by every call that uses it."""
+    reads: dict[torch.fx.Node, None] = {}
+    writes: dict[torch.fx.Node, None] = {}
+    for name, tensor, written in module_state(node):
+        key = attribute_storage(name, tensor)
+        root = attributes.get(key)
+        if root is None:
+            root = attributes[key] = torch.fx.Graph().get_attr(name)
+        (writes if written else reads)[root] = None
+    return tuple(r for r in reads if r not in writes), tuple(writes)
 
 
 def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:

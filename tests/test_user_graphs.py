@@ -12,8 +12,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass import ops, runtime
+from streampass.analysis.requirements import requirements
 from streampass.ops import MAX_INDEX
 from streampass.transform.plan import EVENT_BASE
+
+from reorder import random_topological_copy
 
 aten = torch.ops.aten
 
@@ -607,3 +610,99 @@ def test_values_made_by_methods_and_modules_are_freed_safely(fork_join):
     assert dealloc == {"sin", "lin"}
     assert sp.run(gm).ok
     assert sp.verify(gm).ok
+
+
+class SharedState(torch.nn.Module):
+    """A weight read inside ``self.lin(x)`` and written in place on another stream; one
+    batch norm, training, called on two streams (both update its running statistics)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.lin.weight.mul_(0.5)
+        return y, self.bn(x), self.bn(x * 2)
+
+
+def _shared_state_graph() -> torch.fx.GraphModule:
+    torch.manual_seed(0)
+    gm = torch.fx.symbolic_trace(SharedState())
+    lin = gm.graph.find_nodes(op="call_module", target="lin")[0]
+    bn, bn_1 = gm.graph.find_nodes(op="call_module", target="bn")
+    lin.meta["custom"], bn.meta["custom"], bn_1.meta["custom"] = {"stream": 1}, {"stream": 2}, {"stream": 3}
+    gm.recompile()
+    return gm
+
+
+def _state(gm) -> list[torch.Tensor]:
+    return [t.detach().clone() for t in (*gm.parameters(), *gm.buffers())]
+
+
+def test_a_submodule_call_reads_its_parameters_and_writes_its_buffers():
+    """symbolic_trace keeps ``self.lin(x)`` as one call_module: the parameters and buffers it
+    uses are no arguments, and were never read. The ambient stream's in-place write of the
+    weight did not wait for lin on stream 1, and the two batch norm calls on streams 2 and 3
+    both updated the running statistics with no order; verify agreed."""
+    gm = _shared_state_graph()
+    before = {(h.kind, h.nodes[1]) for h in sp.verify(gm).hazards}
+    assert {("war", "mul_"), ("waw", "bn_1"), ("entry", "bn")} <= before
+    assert any("bn_running_mean" in h.message for h in sp.verify(gm).hazards if h.kind == "waw")
+    x = torch.randn(3, 4)
+    reference = copy.deepcopy(gm)
+    with torch.no_grad():  # the weight is written in place
+        want = reference(x), _state(reference)
+    assert sp.run(gm).ok
+    assert sp.verify(gm).ok and not sp.run(gm).changed
+    for seed in range(8):  # every legal order of the result is race-free and computes the same
+        moved = random_topological_copy(copy.deepcopy(gm), seed)
+        assert sp.verify(moved).ok, (seed, sp.verify(moved))
+        with torch.no_grad():
+            got = moved(x), _state(moved)
+        torch.testing.assert_close(got, want)
+
+
+class TwoCalls(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x), self.lin(x.cos())
+
+
+def test_two_calls_of_a_shared_module_that_only_read_need_no_order():
+    """One Linear called on streams 1 and 2: both only read its weight, so neither waits for the other."""
+    gm = torch.fx.symbolic_trace(TwoCalls())
+    a, b = gm.graph.find_nodes(op="call_module", target="lin")
+    a.meta["custom"], b.meta["custom"] = {"stream": 1}, {"stream": 2}
+    reqs, _ = requirements(sp.read_streams(gm))
+    assert {(r.kind, r.before.name) for r in reqs if r.after is b} == {("raw", "cos"), ("entry", "x")}
+    assert not [r for r in reqs if {r.before, r.after} == {a, b}]
+    assert sp.run(gm).ok
+
+
+class FromFactory(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(torch.ones(3, 4)) + x
+
+
+def test_a_submodule_reading_nothing_from_the_ambient_stream_still_waits_for_its_weights():
+    """lin on stream 1 reads only a tensor made there, but its weights are inputs, ready on
+    the ambient stream at entry (an optimizer step may still be writing them)."""
+    gm = torch.fx.symbolic_trace(FromFactory())
+    for n in gm.graph.nodes:
+        if n.op in ("call_module", "call_function") and n.target in ("lin", torch.ones):
+            n.meta["custom"] = {"stream": 1}
+    entry = [h.message for h in sp.verify(gm).hazards if h.kind == "entry"]
+    assert any("lin uses graph input lin_weight" in m.replace(" on stream 1", "") for m in entry), entry
+    x = torch.randn(3, 4)
+    want = gm(x)
+    assert sp.run(gm).ok
+    torch.testing.assert_close(gm(x), want)

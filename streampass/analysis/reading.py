@@ -43,6 +43,10 @@ class StreamAssignment:
             (``t``, ``view``, ``expand``, ``detach``, ...) nor the getitems of multi-output
             ops, which launch nothing.
         producer: a getitem of a multi-output op -> the op, whose kernel writes it.
+        hidden: a ``call_module`` -> the storage roots it reads and those it writes without
+            taking them as arguments (:func:`streampass.values.module_state`). A tensor no
+            ``get_attr`` of the graph names has a root of its own outside the graph (a
+            ``get_attr`` node of another graph): an input that no node of this one stands for.
         named: streams that stream ops name without running on them (the stream
             ``wait_stream`` waits for, the one ``synchronize_stream`` syncs, fork/join's other
             end); they may have no node of their own.
@@ -58,6 +62,9 @@ class StreamAssignment:
     compute: frozenset[torch.fx.Node] = frozenset()
     producer: dict[torch.fx.Node, torch.fx.Node] = field(default_factory=dict)
     named: frozenset[int] = frozenset()
+    hidden: dict[torch.fx.Node, tuple[tuple[torch.fx.Node, ...], tuple[torch.fx.Node, ...]]] = field(
+        default_factory=dict
+    )
 
     @property
     def streams(self) -> list[int]:
@@ -195,7 +202,8 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     getitem, control_deps = operator.getitem, ops.CONTROL_DEPS
     returned: torch.fx.Node | None = None  # the output, once passed: FX's code ends there
     owner = graph.owning_module
-    attributes: dict[tuple, torch.fx.Node] = {}  # one storage, however many get_attr nodes name it
+    attributes = values.attribute_roots(nodes, owner)  # one storage, however many get_attr nodes name it
+    hidden: dict[torch.fx.Node, tuple[tuple[torch.fx.Node, ...], tuple[torch.fx.Node, ...]]] = {}
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
     for node in nodes:
@@ -240,6 +248,10 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
             if held is ops.MISSING:
                 raise StreamPassError(f"get_attr of {target!r}, which the graph's module does not have", node.name)
             root[node] = attributes.setdefault(values.attribute_storage(target, held), node)
+        elif op == "call_module":
+            state = values.module_state_roots(node, attributes)
+            if state != ((), ()):
+                hidden[node] = state
         if op in ("placeholder", "get_attr", "output"):
             stream[node] = AMBIENT  # inputs are ready on the ambient stream; outputs are returned there
             continue
@@ -280,6 +292,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         compute=frozenset(compute),
         producer=producer,
         named=frozenset(named),
+        hidden=hidden,
     )
     # Streams and events are looked up in one object table: one index cannot be both.
     clash = assignment.events() & (set(stream.values()) | named)

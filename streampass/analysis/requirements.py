@@ -111,13 +111,19 @@ def accesses(a: StreamAssignment) -> Accesses:
     >>> {n.name: ([r.name for r in reads], [w.name for w in writes]) for n, (reads, writes) in accesses(a).items()}
     {'sin': (['x_1'], []), 'add_': (['sin', 'x_1'], ['sin']), 'output': (['sin'], [])}
     """
-    root, compute = a.root, a.compute
+    root, compute, hidden = a.root, a.compute, a.hidden
     tensor: dict[Node, bool] = {}  # is_tensor_value, once per node
-    return {
+    table = {
         n: (_read_roots(n, root, tensor), writes_of(a, n) if n in compute and _writes_anything(n) else [])
         for n in a.nodes
         if n in compute or n.op == "output"
     }
+    for n, (reads, writes) in hidden.items():  # a submodule's parameters and buffers
+        if n in table:
+            mine = table[n]
+            mine[1].extend(w for w in writes if w not in mine[1])
+            mine[0].extend(r for r in reads if r not in mine[0] and r not in mine[1])
+    return table
 
 
 def requirements(
@@ -150,6 +156,10 @@ def requirements(
     s_of, root, compute = a.stream, a.root, a.compute
     made_by = a.producer  # a storage no node writes was written by the kernel that made it
     table = accesses(a) if table is None else table
+    # What stands for the inputs at entry, for a submodule's tensor no node of the graph names
+    entry = next((n for n in a.nodes if n.op == "placeholder"), None) or next(
+        (n for n in a.nodes if n.op == "get_attr"), None
+    )
     # A functional graph writes nothing: only track reads for the storages some node writes.
     reads_since_write: dict[Node, list[Node]] = {r: [] for _, ws in table.values() for r in ws}
 
@@ -169,18 +179,22 @@ def requirements(
             if r in mine:
                 continue
             w = last_writer.get(r) or made_by.get(r, r)
-            if same_stream or s_of[w] != s:
+            if w.graph is not a.graph:  # a submodule's tensor no node names: an input
+                w = entry
+            if w is not None and (same_stream or s_of[w] != s):
                 reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r))
             if r in reads_since_write:
                 reads_since_write[r].append(node)
-            if s_of[r] != s and r.op in ops.CALL_OPS:
+            if r.op in ops.CALL_OPS and s_of[r] != s:
                 cv = cross.get(r)
                 if cv is None:
                     cv = cross[r] = CrossStreamValue(r, s_of[r])
                 cv.readers.setdefault(s, []).append(node)
         for r in mine:
             w = last_writer.get(r) or made_by.get(r, r)
-            if same_stream or s_of[w] != s:
+            if w.graph is not a.graph:
+                w = entry
+            if w is not None and (same_stream or s_of[w] != s):
                 reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "waw", w, node, r))
             for reader in reads_since_write[r]:
                 if same_stream or s_of[reader] != s:

@@ -25,6 +25,7 @@ import torch.fx
 
 from streampass import ops, values
 from streampass.analysis.reading import StreamAssignment
+from streampass.analysis.requirements import is_tensor_value
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
 from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_thread, reads_an_input
@@ -241,11 +242,15 @@ class _Editor:
         is ordered after ``sync`` by the per-stream chain and needs nothing).
 
         ``consumer`` may read ``value`` through views made after the sync: the first use whose
-        input is defined before the sync is the one to reroute.
+        input is defined before the sync is the one to reroute. A submodule's own tensor
+        (``a.hidden``) is no argument: one use of any tensor argument carries its order.
         """
         found = []
+        hidden = any(value in roots for roots in self.a.hidden.get(consumer, ()))
         for inp in ops.input_nodes(consumer):
-            if self.root.get(inp, inp) is not value:
+            if found and hidden:
+                break
+            if not (is_tensor_value(inp) if hidden else self.root.get(inp, inp) is value):
                 continue
             user, x = consumer, inp
             while True:

@@ -82,6 +82,7 @@ def reading_after(
         compute=before.compute,
         producer=before.producer,
         named=frozenset(named),
+        hidden=before.hidden,
     )
 
 
