@@ -7,26 +7,34 @@ import random
 import torch
 import torch.fx
 
-from streampass import values
+from streampass import ops, values
 
 
 def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch.fx.Node]]:
     """Extra predecessors that keep the order of accesses to storage written in place.
 
     A legal reordering (inductor's, ``legalize_graph``'s) keeps a write after earlier reads
-    and writes of its storage and later reads after it; data edges alone do not say that.
+    and writes of its storage and later reads after it; data edges alone do not say that. A
+    module's tensors are one storage however a ``get_attr`` names them, and a ``call_module``
+    uses its module's (``values.module_state``) without taking them as arguments.
     """
-    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    owner = nodes[0].graph.owning_module if nodes else None
+    root: dict[torch.fx.Node, object] = {}
     for n in nodes:
+        if n.op == "get_attr" and owner is not None:
+            root[n] = values.attribute_storage(n.target, ops.attribute(owner, n.target))
+            continue
         src = values.aliases_input(n)
         root[n] = root.get(src, src) if src is not None else n
     extra: dict[torch.fx.Node, set[torch.fx.Node]] = {n: set() for n in nodes}
-    accesses: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    last_write: dict[torch.fx.Node, torch.fx.Node] = {}
+    accesses: dict[object, list[torch.fx.Node]] = {}
+    last_write: dict[object, torch.fx.Node] = {}
     for n in nodes:
         written = {root[n.args[i]] for i in values.mutated_arg_positions(n) if isinstance(n.args[i], torch.fx.Node)}
-        for inp in n.all_input_nodes:
-            r = root[inp]
+        state = values.module_state(n) if n.op == "call_module" else []
+        hidden = [values.attribute_storage(name, t) for name, t, _ in state]
+        written |= {key for key, (_, _, w) in zip(hidden, state) if w}
+        for r in [root[inp] for inp in n.all_input_nodes] + hidden:
             if r in last_write and last_write[r] is not n:
                 extra[n].add(last_write[r])
             if r in written:
