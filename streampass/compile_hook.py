@@ -191,9 +191,35 @@ def _scope_of_this_compile() -> Callable[[Any], Any] | None:
     # then keeps a new state dict for the code: a compile after it is a first compile again.
     if add is not None and seen_state is state:
         return add
+    if add is not None:
+        del _frames[code]  # reset since: its continuations are first compiles too
+    elif code is not None:
+        add = _scope_continued(code)
+        if add is not None:
+            _frames[code] = (add, state)
+            return add
     if _everywhere is not None and code is not None:
         _frames[code] = (_everywhere, state)  # its recompiles after disable() keep the pass
     return _everywhere
+
+
+def _scope_continued(code) -> Callable[[Any], Any] | None:
+    """The scope of the function ``code`` continues, if ``code`` is a graph-break continuation
+    dynamo made of a function compiled in a scope (``torch_dynamo_resume_in_f_at_N``): dynamo
+    makes one the first time a call takes that path, which may be after the block."""
+    from torch._dynamo.resume_execution import ContinueExecutionCache
+
+    made_from = getattr(ContinueExecutionCache, "generated_code_metadata", {})
+    seen = set()
+    while code not in seen:
+        seen.add(code)
+        meta = made_from.get(code)
+        code = getattr(meta, "code", None)
+        if code is None:
+            return None
+        if code in _frames:
+            return _frames[code][0]
+    return None
 
 
 def compiling_frame() -> bool:
