@@ -17,7 +17,7 @@ import torch.fx
 
 from streampass.analysis.reading import read_streams
 from streampass.assign import candidates as cand
-from streampass.assign.dag import WorkGraph, work_graph
+from streampass.assign.dag import WorkGraph, fixed_streams, work_graph
 from streampass.assign.evaluate import Evaluation
 from streampass.assign.fusion import fused_cost, fusion_groups, keep_together
 from streampass.assign.search import Search
@@ -248,9 +248,10 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
     events = tuple(external_events) or tuple((gm.meta.get("streampass") or {}).get("external_events", ()))
     a = read_streams(gm, events)
     groups = fusion_groups(a) if keep_fusions else None
+    fixed = fixed_streams(a)  # reads every body's streams: once
     if groups:
-        model = fused_cost(a, groups, model)
-    w = work_graph(a, model)
+        model = fused_cost(a, groups, model, fixed)
+    w = work_graph(a, model, fixed)
     slots = cand.stream_slots(a, max_streams, side_streams)
     free = frozenset(n.name for n in w.free)
     budget = float("inf") if memory_budget is None else memory_budget

@@ -194,8 +194,8 @@ def transitive_reduction(order: list, succs: Mapping[object, list]) -> list[tupl
     return [(u, v) for i, u in enumerate(order) for v in succs[u] if not implied[i] >> index[v] & 1]
 
 
-def work_graph(a: StreamAssignment, model: CostModel) -> WorkGraph:
-    """The :class:`WorkGraph` of a reading.
+def work_graph(a: StreamAssignment, model: CostModel, fixed: dict | None = None) -> WorkGraph:
+    """The :class:`WorkGraph` of a reading (``fixed``: its :func:`fixed_streams`, if known).
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -219,4 +219,5 @@ def work_graph(a: StreamAssignment, model: CostModel) -> WorkGraph:
     launch = model.profile.launch_overhead
     time = model.node_times(nodes)
     device = {n: max(0.0, t - launch) for n, t in time.items()}
-    return WorkGraph(nodes, preds, succs, time, device, fixed_streams(a), model.profile, table, orderings)
+    fixed = fixed_streams(a) if fixed is None else fixed
+    return WorkGraph(nodes, preds, succs, time, device, fixed, model.profile, table, orderings)

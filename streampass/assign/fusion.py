@@ -170,13 +170,14 @@ def keep_together(
     return out, notes
 
 
-def fused_cost(a: StreamAssignment, groups: list[list[Node]], model: CostModel) -> CostModel:
+def fused_cost(a: StreamAssignment, groups: list[list[Node]], model: CostModel, fixed: dict | None = None) -> CostModel:
     """``model`` with each group priced as one kernel: the members' flops, the group's inputs
     read once and the values it hands out (to other nodes or the output) written once, one
     launch. The last member (in issue order) carries that time and the others cost nothing, so
     the simulated kernel starts when the whole group's inputs are ready and launches once.
     Groups the graph itself splits over streams (fixed members on different streams) stay
-    priced per op, as do nodes ``model``'s own overrides price.
+    priced per op, as do nodes ``model``'s own overrides price. ``fixed``: the reading's
+    :func:`~streampass.assign.dag.fixed_streams`, if known.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -197,7 +198,7 @@ def fused_cost(a: StreamAssignment, groups: list[list[Node]], model: CostModel) 
                 src = maker(inp)
                 if src in group_of and group_of.get(n) != group_of[src]:
                     handed_out.add(src)
-    fixed = {n: s for n, (s, _) in fixed_streams(a).items()}
+    fixed = {n: s for n, (s, _) in (fixed_streams(a) if fixed is None else fixed).items()}
     for group in groups:
         if len({fixed[n] for n in group if n in fixed}) > 1:
             continue
