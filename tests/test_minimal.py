@@ -11,12 +11,14 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streampass as sp
 from streampass.analysis.requirements import requirements
 from streampass.synthetic import random_stream_graph
+from streampass.transform.frontier import covering_sets
 
 
 def brute_force_min_waits(gm, free_points: bool = True) -> int:
@@ -170,3 +172,35 @@ def test_a_frontier_past_its_limit_costs_no_more_than_the_limit(monkeypatch):
     result = sp.run(gm)
     assert result.ok and not result.plan.exact  # the limit was reached, and the plan is still race-free
     assert max(worst) <= 1
+
+
+def test_a_join_of_many_side_streams_tries_one_set_of_waits():
+    """The output of fifty side streams, each with work only it knows, can only be covered by
+    waiting on all of them: the planner tried every subset of them first (2**50 sets; twenty
+    streams took seconds, fifty never finished). A stream that alone covers a need is in every
+    set, so this join has one."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    outs = []
+    for k in range(1, 51):
+        y = g.call_function(torch.ops.aten.sin.default, (x,))
+        y.meta["custom"] = {"stream": k}
+        outs.append(y)
+    g.output(tuple(outs))
+    result = sp.run(torch.fx.GraphModule(torch.nn.Module(), g))
+    assert result.ok and result.plan.exact
+    assert (result.records_added, result.waits_added) == (51, 100)  # one entry record; in and out per stream
+
+
+def test_covering_sets_past_the_limit_is_one_greedy_set():
+    """With more optional streams than the limit, one set that covers (marked not exhaustive);
+    within it, every covering set, fewest first, as an exhaustive search needs."""
+    n = 12
+    snaps = {a: [0] * n for a in range(1, n)}
+    for a in range(1, n):  # every stream knows every other's first node: any one covers
+        snaps[a] = [0] + [1] * (n - 1)
+    unmet = [(s, 1) for s in range(1, n)]
+    every, exact = covering_sets(snaps, list(range(1, n)), unmet, limit=n)
+    assert exact and len(every) == 2 ** (n - 1) - 1 and every[0][0] == (1,)
+    greedy, exact = covering_sets(snaps, list(range(1, n)), unmet, limit=4)
+    assert not exact and [c for c, _ in greedy] == [(1,)]

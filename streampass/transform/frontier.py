@@ -5,6 +5,7 @@ later demand can still test (:class:`StillNeeded`), so equal states merge."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -149,6 +150,49 @@ class StillNeeded:
         )
         hpos = tuple(tuple(h[i:]) for h, i in zip(clk.hpos, shared))
         return (tuple(k), rows, hpos, tuple(sorted((e, tuple(c)) for e, c in clk.events.items())))
+
+
+def covering_sets(snaps: dict[int, list[int]], useful: list[int], unmet, limit: int) -> tuple[list, bool]:
+    """Every set of ``useful`` streams whose snapshots together cover ``unmet`` (``(stream,
+    position)`` pairs), with the knowledge it brings, fewest members first; and whether that is
+    every set. A stream that alone covers one of ``unmet`` is in every set (joining many
+    streams has only those); the others are tried in every combination, unless there are more
+    than ``limit``: then one greedy cover (not every set).
+
+    >>> snaps = {1: [0, 5, 0, 0], 2: [0, 0, 3, 0], 3: [0, 5, 3, 0]}  # stream 3 knows both
+    >>> [c for c, _ in covering_sets(snaps, [1, 2, 3], [(1, 5), (2, 3)], 8)[0]]
+    [(3,), (1, 2), (1, 3), (2, 3), (1, 2, 3)]
+    >>> covering_sets(snaps, [1, 2, 3], [(1, 5), (2, 3)], 1)
+    ([((3,), [0, 5, 3, 0])], False)
+    """
+    if len(useful) == 1:  # the common case: one producer stream
+        joined = snaps[useful[0]]
+        return ([((useful[0],), joined)] if all(joined[s] >= p for s, p in unmet) else []), True
+    covers = [[a for a in useful if snaps[a][s] >= p] for s, p in unmet]
+    if not all(covers):
+        return [], True
+    forced = sorted({c[0] for c in covers if len(c) == 1})
+    optional = [a for a in useful if a not in forced]
+    if len(optional) > limit:
+        combo = list(forced)
+        joined = [max(col) for col in zip(*(snaps[a] for a in combo))] if combo else [0] * len(snaps[useful[0]])
+        left = [(s, p) for s, p in unmet if joined[s] < p]
+        while left:  # the stream that covers most of what is left
+            best = max(optional, key=lambda a: (sum(snaps[a][s] >= p for s, p in left), -a))
+            combo.append(best)
+            joined = [max(x, y) for x, y in zip(joined, snaps[best])]
+            left = [(s, p) for s, p in left if joined[s] < p]
+        return [(tuple(sorted(combo)), joined)], False
+    out = []
+    for size in range(len(optional) + 1):
+        for extra in itertools.combinations(optional, size):
+            combo = tuple(sorted((*forced, *extra)))
+            if combo:
+                joined = [max(col) for col in zip(*(snaps[a] for a in combo))]
+                if all(joined[s] >= p for s, p in unmet):
+                    out.append((combo, joined))
+    out.sort(key=lambda o: (len(o[0]), o[0]))
+    return out, True
 
 
 @dataclass

@@ -11,7 +11,6 @@ frontier stayed within its bound (docs/plan.md has the argument)."""
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections import Counter, defaultdict
 
 import torch.fx
@@ -21,7 +20,7 @@ from streampass.analysis.dag import StreamDAG
 from streampass.analysis.hazards import dealloc_safe, keepalive_waits, recorded_streams
 from streampass.analysis.reading import StreamAssignment
 from streampass.analysis.requirements import CrossStreamValue, requirements
-from streampass.transform.frontier import Clocks, Demand, StillNeeded, does_no_work
+from streampass.transform.frontier import Clocks, Demand, StillNeeded, covering_sets, does_no_work
 from streampass.transform.plan import (
     PlannedRecord,
     PlannedWait,
@@ -33,9 +32,14 @@ from streampass.transform.plan import (
 
 Node = torch.fx.Node
 
-#: Most states the search keeps per step; past it the plan is still valid, just not proven minimal.
+#: Most states the search keeps per step (with up to 6 streams; fewer with more, as comparing two
+#: states costs streams**2); past it the plan is still valid, just not proven minimal.
 FRONTIER_LIMIT = 256
 PRUNE_EVERY = 64  # demands between prunes of a frontier that did not change
+#: Most streams a demand tries in every combination beyond those it must wait on (2**k sets),
+#: and the most sets all states of the frontier try together; past either, one greedy cover
+OPTIONAL_LIMIT = 8
+OPTIONS_BUDGET = 2048
 
 
 class Planner:
@@ -51,6 +55,7 @@ class Planner:
             self.pos[n] = len(on)
         self.counts = [len(on) for on in self.on]
         self.plan = SyncPlan(a, first_event=max(first_free_event(a), min_event))
+        self.limit = max(1, min(FRONTIER_LIMIT, FRONTIER_LIMIT * 36 // len(self.streams) ** 2))
         self.record_at: dict[tuple[int, int], tuple[Node, int]] = {}
         self._ends: dict[tuple[int, int], int] = {}
         recorded = Counter(call.args[0] for call in a.syncs.values() if call.target is ops.RECORD_EVENT)
@@ -104,23 +109,15 @@ class Planner:
             newest[s] = max(newest.get(s, 0), p)
         return {a: self._record_point(a, p, issued) for a, p in newest.items()}
 
-    def _options(self, clk: Clocks, issued: list[int], d: Demand, unmet) -> list[tuple[tuple[int, ...], list[int]]]:
-        """Every set of candidate streams whose records together cover ``unmet`` (each member
-        covering something), with the knowledge the set brings."""
+    def _options(self, clk: Clocks, issued: list[int], d: Demand, unmet, limit: int) -> list:
+        """Every set of candidate streams whose records together cover ``unmet``, with the
+        knowledge each brings (:func:`frontier.covering_sets`; past ``limit``, one greedy set)."""
         points = self._sources(clk, issued, d, unmet)
         snaps = {a: clk.snap(a, p) for a, p in points.items()}
         useful = sorted(a for a, r in snaps.items() if any(r[s] >= p for s, p in unmet))
-        if len(useful) == 1:  # the common case: one producer stream
-            (a,) = useful
-            joined = snaps[a]  # a fresh list: snap copies
-            return [((a,), joined)] if all(joined[s] >= p for s, p in unmet) else []
-        out = []
-        for size in range(1, len(useful) + 1):
-            for combo in itertools.combinations(useful, size):
-                joined = [max(col) for col in zip(*(snaps[a] for a in combo))]
-                if all(joined[s] >= p for s, p in unmet):
-                    out.append((combo, joined))
-        return out
+        options, exact = covering_sets(snaps, useful, unmet, limit)
+        self.plan.exact &= exact
+        return options
 
     def _demand(self, stream: int, needs, before: Node, on_gate, free_point: bool = False) -> Demand:
         slots = [(self.slot[self.a.stream[n]], self.pos[n]) for n, _ in needs]
@@ -217,12 +214,14 @@ class Planner:
             grown = []
             b = item.stream
             moved = False
+            # per state 2**limit sets at most; all states together OPTIONS_BUDGET
+            limit = min(OPTIONAL_LIMIT, (OPTIONS_BUDGET // len(states)).bit_length() - 1)
             for cost, clk, hist, unmet in states:
                 if not unmet:
                     grown.append((cost, clk, (hist, ())))
                     continue
                 moved = True
-                options = self._options(clk, issued, item, unmet)
+                options = self._options(clk, issued, item, unmet, limit)
                 for combo, joined in options:
                     nxt = clk.copy() if len(options) > 1 else clk
                     nxt.join(issued, b, joined)
@@ -253,6 +252,9 @@ class Planner:
         best = states[0]
         if all(best[0] <= st[0] and best[1].dominates(st[1], self._shared) for st in states[1:]):
             return [best]  # the common case, without rounding every state
+        if self.limit == 1:  # (a hundred streams and more) one state: no rounding either
+            self.plan.exact = False
+            return [best]
         seen = set()
         unique = []
         for st in states:  # equal relevant knowledge: keep the cheapest
@@ -264,11 +266,11 @@ class Planner:
         for st in unique:  # past the limit the rest is cut anyway: stop (each test costs all of kept)
             if not any(k[0] <= st[0] and k[1].dominates(st[1], self._shared) for k in kept):
                 kept.append(st)
-                if len(kept) > FRONTIER_LIMIT:
+                if len(kept) > self.limit:
                     break
-        if len(kept) > FRONTIER_LIMIT:
+        if len(kept) > self.limit:
             self.plan.exact = False
-            kept = kept[:FRONTIER_LIMIT]
+            kept = kept[: self.limit]
         return kept
 
     # -- 2. walk: place the chosen waits, track which gate each consumer relies on ----------
