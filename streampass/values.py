@@ -257,10 +257,11 @@ def attribute_storage(target: str, held: object) -> tuple:
 
 def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
     """The tensors a ``call_module`` uses without taking them as arguments (``symbolic_trace``
-    keeps ``self.lin(x)`` as one call): ``(qualified name, tensor, whether the call writes it)``
-    for each parameter (read) and buffer (written while its module trains: batch norm's running
-    statistics). A submodule that is a ``GraphModule`` also reads the tensors its own
-    ``get_attr`` nodes name.
+    keeps ``self.lin(x)`` as one call): ``(qualified name, tensor, whether the call writes it)``.
+    A module's parameters are read and its buffers written while it trains (batch norm's running
+    statistics), read otherwise. A ``GraphModule`` (``split_module``'s parts) says what it does:
+    the tensors its ``get_attr`` nodes name, written where one of its nodes writes them in place,
+    and those of the modules its own ``call_module`` nodes call.
 
     >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
     >>> lin, bn = gm.graph.find_nodes(op="call_module")
@@ -275,14 +276,32 @@ def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
     module = attribute(owner, node.target) if owner is not None else MISSING
     if not isinstance(module, torch.nn.Module):
         return []
+    if isinstance(module, torch.fx.GraphModule):
+        return [(f"{node.target}.{k}", t, w) for k, t, w in _graph_module_state(module)]
     out = [(f"{node.target}.{k}", p, False) for k, p in module.named_parameters()]
     for k, b in module.named_buffers():
         out.append((f"{node.target}.{k}", b, module.get_submodule(k.rpartition(".")[0]).training))
-    if isinstance(module, torch.fx.GraphModule):
-        for n in module.graph.find_nodes(op="get_attr"):
-            held = attribute(module, n.target)
-            if isinstance(held, torch.Tensor):
-                out.append((f"{node.target}.{n.target}", held, module.training))
+    return out
+
+
+def _graph_module_state(module: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor, bool]]:
+    """:func:`module_state` of a call of ``module``, read from its graph."""
+    written: set[torch.fx.Node] = set()
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    out = []
+    for n in module.graph.nodes:
+        src = aliases_input(n) if n.op != "get_attr" else None
+        root[n] = root.get(src, src) if src is not None else n
+        for i in mutated_arg_positions(n):
+            arg = n.args[i] if i < len(n.args) else None
+            if isinstance(arg, torch.fx.Node):
+                written.add(root[arg])
+        if n.op == "call_module":
+            out += module_state(n)
+    for n in module.graph.find_nodes(op="get_attr"):
+        held = attribute(module, n.target)
+        if isinstance(held, torch.Tensor):
+            out.append((n.target, held, n in written))
     return out
 
 

@@ -35,6 +35,7 @@ def module_program(seed: int, n_steps: int, n_streams: int) -> tuple[torch.fx.Gr
     rng = random.Random(seed)
     torch.manual_seed(seed)
     pool = Pool()
+    pool.bn.train(rng.random() < 0.7)  # evaluating, it only reads its running statistics
     g = torch.fx.Graph()
     vals = [g.placeholder("x")]
     touches = []
@@ -47,7 +48,7 @@ def module_program(seed: int, n_steps: int, n_streams: int) -> tuple[torch.fx.Gr
             touches.append((node, name, False))
         elif kind == "bn":
             node = g.call_module("bn", (x,))
-            touches.append((node, "bn", True))
+            touches.append((node, "bn", pool.bn.training))
         elif kind == "method":
             node = g.call_method(rng.choice(["sin", "cos"]), (x,))
         elif kind == "relu":

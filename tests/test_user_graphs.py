@@ -706,3 +706,38 @@ def test_a_submodule_reading_nothing_from_the_ambient_stream_still_waits_for_its
     want = gm(x)
     assert sp.run(gm).ok
     torch.testing.assert_close(gm(x), want)
+
+
+def _calling(inner_graph: torch.fx.Graph, inner_root: torch.nn.Module, n_calls: int) -> torch.fx.GraphModule:
+    """A graph that calls ``GraphModule(inner_root, inner_graph)`` (as ``split_module`` makes) on
+    ``n_calls`` inputs, returning the results and the submodule's tensor ``t`` times three."""
+    root = torch.nn.Module()
+    root.sub = torch.fx.GraphModule(inner_root, inner_graph)
+    g = torch.fx.Graph()
+    calls = [g.call_module("sub", (g.placeholder(f"a{i}"),)) for i in range(n_calls)]
+    g.output((*calls, g.call_function(torch.mul, (g.get_attr("sub.t"), 3.0))))
+    return torch.fx.GraphModule(root, g)
+
+
+def test_a_graph_module_submodule_says_what_it_writes():
+    """A GraphModule submodule writes the tensor its graph writes in place, in eval mode too (it
+    was judged by its training flag: read, and the ambient stream's read of it got no wait),
+    and only reads the tensors its graph only reads (two calls of it on two streams got a false
+    waw on its parameter, and a wait between them)."""
+    inner_root = torch.nn.Module()
+    inner_root.register_buffer("t", torch.zeros(4))
+    ig = torch.fx.Graph()
+    x = ig.placeholder("x")
+    ig.call_method("add_", (ig.get_attr("t"), 1.0))
+    ig.output(ig.call_function(torch.mul, (x, 2.0)))
+    gm = _calling(ig, inner_root, 1).eval()
+    gm.graph.find_nodes(op="call_module")[0].meta["custom"] = {"stream": 1}
+    assert ("raw", "mul") in {(h.kind, h.nodes[1]) for h in sp.verify(gm).hazards}
+
+    inner_root = torch.nn.Module()
+    inner_root.t = torch.nn.Parameter(torch.ones(4))
+    ig = torch.fx.Graph()
+    ig.output(ig.call_function(torch.mul, (ig.placeholder("x"), ig.get_attr("t"))))
+    gm = _calling(ig, inner_root, 2)  # training
+    gm.graph.find_nodes(op="call_module")[1].meta["custom"] = {"stream": 1}
+    assert not [h for h in sp.verify(gm).hazards if h.kind in ("waw", "war", "raw")]

@@ -36,10 +36,9 @@ Node = torch.fx.Node
 #: states costs streams**2); past it the plan is still valid, just not proven minimal.
 FRONTIER_LIMIT = 256
 PRUNE_EVERY = 64  # demands between prunes of a frontier that did not change
-#: Most streams a demand tries in every combination beyond those it must wait on (2**k sets),
-#: and the most sets all states of the frontier try together; past either, one greedy cover
-OPTIONAL_LIMIT = 8
-OPTIONS_BUDGET = 2048
+#: Beyond six streams: most streams a demand tries in every combination beyond those it must wait on
+#: (2**k sets), and the most sets all states of the frontier try together; past either, one greedy set
+OPTIONAL_LIMIT, OPTIONS_BUDGET = 8, 2048
 
 
 class Planner:
@@ -55,7 +54,9 @@ class Planner:
             self.pos[n] = len(on)
         self.counts = [len(on) for on in self.on]
         self.plan = SyncPlan(a, first_event=max(first_free_event(a), min_event))
-        self.limit = max(1, min(FRONTIER_LIMIT, FRONTIER_LIMIT * 36 // len(self.streams) ** 2))
+        n = len(self.streams)  # up to six streams, every set (the budget covers 256 states of 2**n)
+        self.limit = max(1, min(FRONTIER_LIMIT, FRONTIER_LIMIT * 36 // n**2))
+        self.optional, self.budget = (n, 2 ** (n + 9)) if n <= 6 else (OPTIONAL_LIMIT, OPTIONS_BUDGET)
         self.record_at: dict[tuple[int, int], tuple[Node, int]] = {}
         self._ends: dict[tuple[int, int], int] = {}
         recorded = Counter(call.args[0] for call in a.syncs.values() if call.target is ops.RECORD_EVENT)
@@ -214,8 +215,7 @@ class Planner:
             grown = []
             b = item.stream
             moved = False
-            # per state 2**limit sets at most; all states together OPTIONS_BUDGET
-            limit = min(OPTIONAL_LIMIT, (OPTIONS_BUDGET // len(states)).bit_length() - 1)
+            limit = min(self.optional, (self.budget // len(states)).bit_length() - 1)
             for cost, clk, hist, unmet in states:
                 if not unmet:
                     grown.append((cost, clk, (hist, ())))
