@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from streampass.ops import CONTROL_DEPS, MISSING, attribute, passthrough_source
+from streampass.ops import CONTROL_DEPS, attribute, passthrough_source
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ _VIEW_NAMES = frozenset(
      "view_as_complex", "real", "imag", "alias", "adjoint"}
 )  # fmt: skip
 _MAYBE_VIEW_NAMES = frozenset({"reshape", "reshape_as", "flatten", "contiguous"})
+# Tensor attributes that are views, as ``symbolic_trace`` records ``w.data`` (``getattr(w, "data")``)
+_VIEW_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
 # aten views whose schema carries no alias annotation
 _UNANNOTATED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
 
@@ -82,7 +84,7 @@ def _in_place_without_schema(node: torch.fx.Node) -> bool:
     records in-place code: ``y.add_(1)`` (a method), ``torch.relu_(y)``, ``y += 1``
     (``operator.iadd``), ``nn.ReLU(inplace=True)`` (a module). Name and ``inplace`` flag are all
     there is to go on; a read taken for a write costs a wait, a missed write a race."""
-    if not node.args or not isinstance(node.args[0], torch.fx.Node):
+    if not isinstance(first_argument(node), torch.fx.Node):
         return False
     if node.op == "call_method":
         name = node.target
@@ -91,15 +93,33 @@ def _in_place_without_schema(node: torch.fx.Node) -> bool:
             return True
         name = getattr(node.target, "__name__", "")
     elif node.op == "call_module":
-        owner = node.graph.owning_module
-        try:
-            module = owner.get_submodule(node.target) if owner is not None else None
-        except AttributeError:
-            return False
-        return getattr(module, "inplace", False) is True
+        return getattr(_called_module(node), "inplace", False) is True
     else:
         return False
     return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
+
+
+def first_argument(node: torch.fx.Node) -> Any:
+    """A call's first argument, positional or given as ``input=`` (``torch.relu_(input=y)``,
+    ``self.relu(input=y)``): what a call with no schema writes or returns a view of."""
+    return node.args[0] if node.args else node.kwargs.get("input")
+
+
+def _called_module(node: torch.fx.Node) -> torch.nn.Module | None:
+    owner = node.graph.owning_module
+    module = attribute(owner, node.target) if owner is not None and node.op == "call_module" else None
+    return module if isinstance(module, torch.nn.Module) else None
+
+
+# Modules whose result is their input (``nn.Identity``; dropout while evaluating) or a view of it
+# whenever it can be (``nn.Flatten``: like ``flatten``, they stay work).
+_RETURNS_INPUT = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Unflatten)
+_DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout)
+
+
+def _module_returns_its_input(node: torch.fx.Node) -> bool:
+    module = _called_module(node)
+    return isinstance(module, _RETURNS_INPUT) or (isinstance(module, _DROPOUTS) and not module.training)
 
 
 def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
@@ -118,6 +138,9 @@ def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
         writes = _schema_facts(node.target).writes
         if writes or getattr(node.target, "_schema", None) is not None:
             return writes
+    module = _called_module(node)
+    if isinstance(module, torch.fx.GraphModule):  # the inputs its own graph writes
+        return graph_module_writes(module)[1]
     return (0,) if _in_place_without_schema(node) else ()
 
 
@@ -156,8 +179,8 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
         if node.target is operator.getitem:
             return _getitem_source(node)
         # an in-place op with no schema returns what it wrote (``y.add_(1)`` is ``y``)
-        if _in_place_without_schema(node) or _view_without_schema(node):
-            return node.args[0]
+        if _in_place_without_schema(node) or _view_without_schema(node) or _module_returns_its_input(node):
+            return first_argument(node)
         return None
     if node.target in _UNANNOTATED_VIEWS:
         return node.args[0] if isinstance(node.args[0], torch.fx.Node) else None
@@ -172,6 +195,8 @@ def _view_without_schema(node: torch.fx.Node, maybe: bool = True) -> bool:
     """Whether a call with no schema returns a view of its first argument (``maybe``: or may)."""
     if node.op == "call_method":
         name = node.target
+    elif node.op == "call_function" and node.target is getattr and len(node.args) == 2:
+        return node.args[1] in _VIEW_ATTRIBUTES and isinstance(node.args[0], torch.fx.Node)  # ``w.data``
     elif node.op == "call_function" and getattr(node.target, "__module__", None) in ("torch", "torch.functional"):
         name = node.target.__name__
     else:
@@ -255,82 +280,20 @@ def attribute_storage(target: str, held: object) -> tuple:
     return ("name", target)
 
 
-def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
-    """The tensors a ``call_module`` uses without taking them as arguments (``symbolic_trace``
-    keeps ``self.lin(x)`` as one call): ``(qualified name, tensor, whether the call writes it)``.
-    A module's parameters are read and its buffers written while it trains (batch norm's running
-    statistics), read otherwise. A ``GraphModule`` (``split_module``'s parts) says what it does:
-    the tensors its ``get_attr`` nodes name, written where one of its nodes writes them in place,
-    and those of the modules its own ``call_module`` nodes call.
-
-    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
-    >>> lin, bn = gm.graph.find_nodes(op="call_module")
-    >>> [(k, w) for k, _, w in module_state(lin)]
-    [('0.weight', False), ('0.bias', False)]
-    >>> [(k, w) for k, _, w in module_state(bn)][2:4]
-    [('1.running_mean', True), ('1.running_var', True)]
-    >>> _ = gm.eval(); [w for _, _, w in module_state(bn)][2:4]  # evaluating: only read
-    [False, False]
-    """
-    owner = node.graph.owning_module
-    module = attribute(owner, node.target) if owner is not None else MISSING
-    if not isinstance(module, torch.nn.Module):
-        return []
-    if isinstance(module, torch.fx.GraphModule):
-        return [(f"{node.target}.{k}", t, w) for k, t, w in _graph_module_state(module)]
-    out = [(f"{node.target}.{k}", p, False) for k, p in module.named_parameters()]
-    for k, b in module.named_buffers():
-        out.append((f"{node.target}.{k}", b, module.get_submodule(k.rpartition(".")[0]).training))
-    return out
-
-
-def _graph_module_state(module: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor, bool]]:
-    """:func:`module_state` of a call of ``module``, read from its graph."""
+def graph_module_writes(module: torch.fx.GraphModule) -> tuple[set[torch.fx.Node], tuple[int, ...]]:
+    """The nodes of ``module``'s graph whose storage a node of it writes in place, and the
+    positions of the inputs among them."""
     written: set[torch.fx.Node] = set()
     root: dict[torch.fx.Node, torch.fx.Node] = {}
-    out = []
     for n in module.graph.nodes:
         src = aliases_input(n) if n.op != "get_attr" else None
         root[n] = root.get(src, src) if src is not None else n
         for i in mutated_arg_positions(n):
-            arg = n.args[i] if i < len(n.args) else None
+            arg = n.args[i] if i < len(n.args) else (first_argument(n) if i == 0 else None)
             if isinstance(arg, torch.fx.Node):
                 written.add(root[arg])
-        if n.op == "call_module":
-            out += module_state(n)
-    for n in module.graph.find_nodes(op="get_attr"):
-        held = attribute(module, n.target)
-        if isinstance(held, torch.Tensor):
-            out.append((n.target, held, n in written))
-    return out
-
-
-def attribute_roots(nodes: list[torch.fx.Node], owner) -> dict[tuple, torch.fx.Node]:
-    """storage (``attribute_storage``) -> the first ``get_attr`` before the output that
-    names it: known before the walk, so a ``call_module`` earlier in the graph finds it too."""
-    out: dict[tuple, torch.fx.Node] = {}
-    for node in nodes:
-        if node.op == "output":
-            break
-        if node.op == "get_attr" and owner is not None:
-            held = attribute(owner, node.target)
-            if held is not MISSING:
-                out.setdefault(attribute_storage(node.target, held), node)
-    return out
-
-
-def module_state_roots(node: torch.fx.Node, attributes: dict[tuple, torch.fx.Node]):
-    """(roots read, roots written) of the tensors ``node`` (a ``call_module``) uses unseen; a
-    tensor no ``get_attr`` names gets a root of its own, shared by every call that uses it."""
-    reads: dict[torch.fx.Node, None] = {}
-    writes: dict[torch.fx.Node, None] = {}
-    for name, tensor, written in module_state(node):
-        key = attribute_storage(name, tensor)
-        root = attributes.get(key)
-        if root is None:
-            root = attributes[key] = torch.fx.Graph().get_attr(name)
-        (writes if written else reads)[root] = None
-    return tuple(r for r in reads if r not in writes), tuple(writes)
+    inputs = module.graph.find_nodes(op="placeholder")
+    return written, tuple(i for i, p in enumerate(inputs) if p in written)
 
 
 def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:

@@ -7,7 +7,7 @@ import random
 import torch
 import torch.fx
 
-from streampass import ops, values
+from streampass import modules, ops, values
 
 
 def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch.fx.Node]]:
@@ -16,7 +16,7 @@ def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch
     A legal reordering (inductor's, ``legalize_graph``'s) keeps a write after earlier reads
     and writes of its storage and later reads after it; data edges alone do not say that. A
     module's tensors are one storage however a ``get_attr`` names them, and a ``call_module``
-    uses its module's (``values.module_state``) without taking them as arguments.
+    uses its module's (``modules.module_state``) without taking them as arguments.
     """
     owner = nodes[0].graph.owning_module if nodes else None
     root: dict[torch.fx.Node, object] = {}
@@ -31,7 +31,7 @@ def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch
     last_write: dict[object, torch.fx.Node] = {}
     for n in nodes:
         written = {root[n.args[i]] for i in values.mutated_arg_positions(n) if isinstance(n.args[i], torch.fx.Node)}
-        state = values.module_state(n) if n.op == "call_module" else []
+        state = modules.module_state(n) if n.op == "call_module" else []
         hidden = [values.attribute_storage(name, t) for name, t, _ in state]
         written |= {key for key, (_, _, w) in zip(hidden, state) if w}
         for r in [root[inp] for inp in n.all_input_nodes] + hidden:

@@ -741,3 +741,86 @@ def test_a_graph_module_submodule_says_what_it_writes():
     gm = _calling(ig, inner_root, 2)  # training
     gm.graph.find_nodes(op="call_module")[1].meta["custom"] = {"stream": 1}
     assert not [h for h in sp.verify(gm).hazards if h.kind in ("waw", "war", "raw")]
+
+
+class DataWrite(torch.nn.Module):  # weight clipping, as written: through ``.data``
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.lin.weight.data.clamp_(-0.1, 0.1)
+        return y
+
+
+class KeywordInPlace(torch.nn.Module):  # the written tensor passed as ``input=``
+    def __init__(self, functional: bool):
+        super().__init__()
+        self.relu = torch.relu_ if functional else torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = x * 2
+        return y.sin(), self.relu(input=y)
+
+
+class ReadThenModule(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, x):
+        y = x * 2
+        return y.sin(), self.m(y)
+
+
+class ThroughModule(torch.nn.Module):  # a module whose result is its input or a view of it
+    def __init__(self, m):
+        super().__init__()
+        self.m, self.relu = m, torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = x * 2
+        z = self.m(y)
+        return y.cos(), self.relu(z)
+
+
+def _writes_input() -> torch.nn.Module:
+    """A GraphModule (a ``split_module`` part) whose graph writes its input in place."""
+    g = torch.fx.Graph()
+    g.output(g.call_method("mul_", (g.placeholder("a"), 2)))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+class _GraphModulesAsLeaves(torch.fx.Tracer):
+    """symbolic_trace's tracer, keeping a GraphModule submodule as one call (split_module's parts)."""
+
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, torch.fx.GraphModule) or super().is_leaf_module(m, qualname)
+
+
+HIDDEN_WRITES = {  # program, (reader on stream 1, the later writer on the ambient stream)
+    "w.data.clamp_": (DataWrite(), ("lin", "clamp_")),
+    "ReLU(inplace)(input=y)": (KeywordInPlace(functional=False), ("sin", "relu")),
+    "torch.relu_(input=y)": (KeywordInPlace(functional=True), ("sin", "relu_")),
+    "nn.Identity": (ThroughModule(torch.nn.Identity()), ("cos", "relu")),
+    "nn.Dropout, evaluating": (ThroughModule(torch.nn.Dropout().eval()), ("cos", "relu")),
+    "nn.Flatten": (ThroughModule(torch.nn.Flatten(0)), ("cos", "relu")),
+    "GraphModule writing its input": (ReadThenModule(_writes_input()), ("sin", "m")),
+}
+
+
+@pytest.mark.parametrize("name", HIDDEN_WRITES)
+def test_writes_symbolic_trace_records_without_a_schema_are_writes(name):
+    """A write ``symbolic_trace`` records with no schema to say so, after a read on stream 1: through
+    ``w.data`` (a getattr), with the tensor as ``input=``, through a module that returns its input
+    or a view of it, or in a GraphModule submodule's own graph. Each was read as no write of the
+    tensor read: no war, no order, and verify agreed (found by the symbolic_trace probe)."""
+    module, (reader, writer) = HIDDEN_WRITES[name]
+    gm = torch.fx.GraphModule(module, _GraphModulesAsLeaves().trace(module))
+    for n in gm.graph.nodes:
+        if n.name == reader:
+            n.meta["custom"] = {"stream": 1}
+    assert ("war", writer) in {(h.kind, h.nodes[1]) for h in sp.verify(gm).hazards}
+    assert sp.run(gm).ok
+    assert sp.StreamDAG.from_graph(gm).happens_before(reader, writer)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from streampass import ops, values
+from streampass import modules, ops, values
 from streampass.analysis import wellformed
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT, MAX_INDEX, check_stream_index
@@ -44,7 +44,7 @@ class StreamAssignment:
             ops, which launch nothing.
         producer: a getitem of a multi-output op -> the op, whose kernel writes it.
         hidden: a ``call_module`` -> the storage roots it reads and those it writes without
-            taking them as arguments (:func:`streampass.values.module_state`). A tensor no
+            taking them as arguments (:func:`streampass.modules.module_state`). A tensor no
             ``get_attr`` of the graph names has a root of its own outside the graph (a
             ``get_attr`` node of another graph): an input that no node of this one stands for.
         named: streams that stream ops name without running on them (the stream
@@ -202,7 +202,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     getitem, control_deps = operator.getitem, ops.CONTROL_DEPS
     returned: torch.fx.Node | None = None  # the output, once passed: FX's code ends there
     owner = graph.owning_module
-    attributes = values.attribute_roots(nodes, owner)  # one storage, however many get_attr nodes name it
+    attributes = modules.attribute_roots(nodes, owner)  # one storage, however many get_attr nodes name it
     hidden: dict[torch.fx.Node, tuple[tuple[torch.fx.Node, ...], tuple[torch.fx.Node, ...]]] = {}
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
@@ -249,7 +249,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
                 raise StreamPassError(f"get_attr of {target!r}, which the graph's module does not have", node.name)
             root[node] = attributes.setdefault(values.attribute_storage(target, held), node)
         elif op == "call_module":
-            state = values.module_state_roots(node, attributes)
+            state = modules.module_state_roots(node, attributes)
             if state != ((), ()):
                 hidden[node] = state
         if op in ("placeholder", "get_attr", "output"):

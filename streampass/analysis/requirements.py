@@ -89,7 +89,7 @@ def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
     out = []
     for i in values.mutated_arg_positions(node):
         schema = getattr(node.target, "_schema", None)  # none: symbolic_trace's in-place calls
-        arg = node.args[i] if i < len(node.args) else node.kwargs.get(schema.arguments[i].name if schema else "")
+        arg = node.args[i] if i < len(node.args) else node.kwargs.get(schema.arguments[i].name if schema else "input")
         for x in arg if isinstance(arg, (list, tuple)) else [arg]:
             if isinstance(x, torch.fx.Node) and a.root[x] not in out:
                 out.append(a.root[x])

@@ -1,0 +1,79 @@
+"""What a ``call_module`` uses without taking it as an argument: its module's parameters and
+buffers (``symbolic_trace`` keeps ``self.lin(x)`` as one call), and the storage roots the reading
+gives them (docs/design.md, "call_module")."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from streampass import ops, values
+from streampass.values import graph_module_writes
+
+
+def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
+    """The tensors a ``call_module`` uses without taking them as arguments (``symbolic_trace``
+    keeps ``self.lin(x)`` as one call): ``(qualified name, tensor, whether the call writes it)``.
+    A module's parameters are read and its buffers written while it trains (batch norm's running
+    statistics), read otherwise. A ``GraphModule`` (``split_module``'s parts) says what it does:
+    the tensors its ``get_attr`` nodes name, written where one of its nodes writes them in place,
+    and those of the modules its own ``call_module`` nodes call.
+
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
+    >>> lin, bn = gm.graph.find_nodes(op="call_module")
+    >>> [(k, w) for k, _, w in module_state(lin)]
+    [('0.weight', False), ('0.bias', False)]
+    >>> [(k, w) for k, _, w in module_state(bn)][2:4]
+    [('1.running_mean', True), ('1.running_var', True)]
+    >>> _ = gm.eval(); [w for _, _, w in module_state(bn)][2:4]  # evaluating: only read
+    [False, False]
+    """
+    owner = node.graph.owning_module
+    module = ops.attribute(owner, node.target) if owner is not None else ops.MISSING
+    if not isinstance(module, torch.nn.Module):
+        return []
+    if isinstance(module, torch.fx.GraphModule):
+        return [(f"{node.target}.{k}", t, w) for k, t, w in _graph_module_state(module)]
+    out = [(f"{node.target}.{k}", p, False) for k, p in module.named_parameters()]
+    for k, b in module.named_buffers():
+        out.append((f"{node.target}.{k}", b, module.get_submodule(k.rpartition(".")[0]).training))
+    return out
+
+
+def _graph_module_state(module: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor, bool]]:
+    """:func:`module_state` of a call of ``module``, read from its graph."""
+    written, _ = graph_module_writes(module)
+    out = [s for n in module.graph.find_nodes(op="call_module") for s in module_state(n)]
+    for n in module.graph.find_nodes(op="get_attr"):
+        held = ops.attribute(module, n.target)
+        if isinstance(held, torch.Tensor):
+            out.append((n.target, held, n in written))
+    return out
+
+
+def attribute_roots(nodes: list[torch.fx.Node], owner) -> dict[tuple, torch.fx.Node]:
+    """storage (``values.attribute_storage``) -> the first ``get_attr`` before the output that
+    names it: known before the walk, so a ``call_module`` earlier in the graph finds it too."""
+    out: dict[tuple, torch.fx.Node] = {}
+    for node in nodes:
+        if node.op == "output":
+            break
+        if node.op == "get_attr" and owner is not None:
+            held = ops.attribute(owner, node.target)
+            if held is not ops.MISSING:
+                out.setdefault(values.attribute_storage(node.target, held), node)
+    return out
+
+
+def module_state_roots(node: torch.fx.Node, attributes: dict[tuple, torch.fx.Node]):
+    """(roots read, roots written) of the tensors ``node`` (a ``call_module``) uses unseen; a
+    tensor no ``get_attr`` names gets a root of its own, shared by every call that uses it."""
+    reads: dict[torch.fx.Node, None] = {}
+    writes: dict[torch.fx.Node, None] = {}
+    for name, tensor, written in module_state(node):
+        key = values.attribute_storage(name, tensor)
+        root = attributes.get(key)
+        if root is None:
+            root = attributes[key] = torch.fx.Graph().get_attr(name)
+        (writes if written else reads)[root] = None
+    return tuple(r for r in reads if r not in writes), tuple(writes)
