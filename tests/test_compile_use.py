@@ -317,18 +317,17 @@ class Block(torch.nn.Module):
         return (left * right).sum()
 
 
-def test_recompiles_after_the_block_go_through_streampass():
-    """A training loop's last batch is smaller and its evaluation runs under no_grad: both
-    recompile the model after the block. They still get StreamPass (on CPU, without it, torch's
-    own AOT stream pass crashes on the annotated graph; on CUDA the forward would run on its
-    streams with no syncs)."""
+def _train_first_step_in_block(make, lr: float, batches):
+    """Train a compiled model and an eager copy side by side (SGD at ``lr``), the first step
+    inside ``enabled()`` and the rest after it, each loss compared; ``batches``: functions of
+    the model giving each step's input. Returns the pass, the model, its copy and the step."""
     torch.manual_seed(0)
-    model, ref = Block(), Block()
+    model, ref = make(), make()
     ref.load_state_dict(model.state_dict())
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
+    opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in (model, ref)]
     step = torch.compile(model)
-    for i, n in enumerate([8, 8, 5]):  # the third batch recompiles (a new size)
-        x = torch.randn(n, 16)
+    for i, batch in enumerate(batches):
+        x = batch(model)
         if i == 0:
             with spi.enabled(spi.StreamPass(keep_graphs=True)) as p:
                 loss = step(x)
@@ -340,6 +339,16 @@ def test_recompiles_after_the_block_go_through_streampass():
             out.backward()
             opt.step()
             opt.zero_grad()
+    return p, model, ref, step
+
+
+def test_recompiles_after_the_block_go_through_streampass():
+    """A training loop's last batch is smaller and its evaluation runs under no_grad: both
+    recompile the model after the block. They still get StreamPass (on CPU, without it, torch's
+    own AOT stream pass crashes on the annotated graph; on CUDA the forward would run on its
+    streams with no syncs)."""
+    batches = [lambda m, n=n: torch.randn(n, 16) for n in (8, 8, 5)]  # the third recompiles (a new size)
+    p, model, ref, step = _train_first_step_in_block(Block, 0.1, batches)
     for a, b in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b)
     model.eval()
@@ -373,24 +382,11 @@ def test_a_continuation_first_reached_after_the_block_goes_through_streampass():
     block, the other: dynamo then compiles a new continuation of the same forward. It got no
     StreamPass (on CPU inductor's code failed with NameError: stream1; in training torch's own
     AOT stream pass needed triton)."""
-    torch.manual_seed(0)
-    model, ref = Gated(), Gated()
-    ref.load_state_dict(model.state_dict())
-    opts = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in (model, ref)]
-    step = torch.compile(model)
-    for i, shift in enumerate([2.0, -2.0, -2.0]):
-        x = torch.randn(4, 8) + shift * torch.sign(model.lin1.weight.detach().sum(0))
-        if i == 0:
-            with spi.enabled(spi.StreamPass(keep_graphs=True)) as p:
-                loss = step(x)
-        else:
-            loss = step(x)
-        want = ref(x)
-        torch.testing.assert_close(loss, want)
-        for out, opt in zip((loss, want), opts):
-            out.backward()
-            opt.step()
-            opt.zero_grad()
+    batches = [  # lin1's mean output positive, then negative
+        lambda m, shift=shift: torch.randn(4, 8) + shift * torch.sign(m.lin1.weight.detach().sum(0))
+        for shift in (2.0, -2.0, -2.0)
+    ]
+    p, _, _, _ = _train_first_step_in_block(Gated, 1e-3, batches)
     # stream 2 is only in the continuation, forward and backward, compiled after the block
     assert sorted(r.graph for r in p.reports if 2 in r.streams and r.records_added) == ["backward", "forward"]
     assert all(sp.verify(r.verified_graph).ok for r in p.reports if r.verified_graph is not None)
