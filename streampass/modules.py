@@ -28,9 +28,8 @@ def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
     >>> _ = gm.eval(); [w for _, _, w in module_state(bn)][2:4]  # evaluating: only read
     [False, False]
     """
-    owner = node.graph.owning_module
-    module = ops.attribute(owner, node.target) if owner is not None else ops.MISSING
-    if not isinstance(module, torch.nn.Module):
+    module = values.called_module(node)
+    if module is None:
         return []
     if isinstance(module, torch.fx.GraphModule):
         return [(f"{node.target}.{k}", t, w) for k, t, w in _graph_module_state(module)]
@@ -51,18 +50,20 @@ def _graph_module_state(module: torch.fx.GraphModule) -> list[tuple[str, torch.T
     return out
 
 
-def attribute_roots(nodes: list[torch.fx.Node], owner) -> dict[tuple, torch.fx.Node]:
-    """storage (``values.attribute_storage``) -> the first ``get_attr`` before the output that
-    names it: known before the walk, so a ``call_module`` earlier in the graph finds it too."""
-    out: dict[tuple, torch.fx.Node] = {}
+def attribute_roots(nodes: list[torch.fx.Node], owner) -> tuple[dict[tuple, torch.fx.Node], dict]:
+    """``(storage -> the first get_attr before the output that names it, get_attr -> that root)``
+    (storage: ``values.attribute_storage``), known before the walk, so a ``call_module`` earlier
+    in the graph finds it too. A get_attr of an attribute ``owner`` lacks has no root."""
+    by_storage: dict[tuple, torch.fx.Node] = {}
+    by_node: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in nodes:
         if node.op == "output":
             break
-        if node.op == "get_attr" and owner is not None:
-            held = ops.attribute(owner, node.target)
+        if node.op == "get_attr":
+            held = ops.attribute(owner, node.target) if owner is not None else None
             if held is not ops.MISSING:
-                out.setdefault(values.attribute_storage(node.target, held), node)
-    return out
+                by_node[node] = by_storage.setdefault(values.attribute_storage(node.target, held), node)
+    return by_storage, by_node
 
 
 def module_state_roots(node: torch.fx.Node, attributes: dict[tuple, torch.fx.Node]):

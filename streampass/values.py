@@ -93,10 +93,28 @@ def _in_place_without_schema(node: torch.fx.Node) -> bool:
             return True
         name = getattr(node.target, "__name__", "")
     elif node.op == "call_module":
-        return getattr(_called_module(node), "inplace", False) is True
+        return getattr(called_module(node), "inplace", False) is True
     else:
         return False
     return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
+
+
+def argument(node: torch.fx.Node, i: int) -> Any:
+    """A call's argument at position ``i``, given positionally or by keyword: by its schema's
+    name, or, with no schema, ``input=`` for the first (:func:`first_argument`).
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> argument(g.call_function(torch.ops.aten.add_.Tensor, (x,), {"other": 1}), 1)
+    1
+    >>> argument(g.call_method("add_", (), {"input": x}), 0) is x
+    True
+    """
+    if i < len(node.args):
+        return node.args[i]
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None:
+        return node.kwargs.get(schema.arguments[i].name)
+    return first_argument(node) if i == 0 else None
 
 
 def first_argument(node: torch.fx.Node) -> Any:
@@ -105,7 +123,9 @@ def first_argument(node: torch.fx.Node) -> Any:
     return node.args[0] if node.args else node.kwargs.get("input")
 
 
-def _called_module(node: torch.fx.Node) -> torch.nn.Module | None:
+def called_module(node: torch.fx.Node) -> torch.nn.Module | None:
+    """The module a ``call_module`` calls (None for any other node, or a target its graph's
+    module lacks)."""
     owner = node.graph.owning_module
     module = attribute(owner, node.target) if owner is not None and node.op == "call_module" else None
     return module if isinstance(module, torch.nn.Module) else None
@@ -118,7 +138,7 @@ _DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.
 
 
 def _module_returns_its_input(node: torch.fx.Node) -> bool:
-    module = _called_module(node)
+    module = called_module(node)
     return isinstance(module, _RETURNS_INPUT) or (isinstance(module, _DROPOUTS) and not module.training)
 
 
@@ -138,7 +158,7 @@ def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
         writes = _schema_facts(node.target).writes
         if writes or getattr(node.target, "_schema", None) is not None:
             return writes
-    module = _called_module(node)
+    module = called_module(node)
     if isinstance(module, torch.fx.GraphModule):  # the inputs its own graph writes
         return graph_module_writes(module)[1]
     return (0,) if _in_place_without_schema(node) else ()
@@ -289,7 +309,7 @@ def graph_module_writes(module: torch.fx.GraphModule) -> tuple[set[torch.fx.Node
         src = aliases_input(n) if n.op != "get_attr" else None
         root[n] = root.get(src, src) if src is not None else n
         for i in mutated_arg_positions(n):
-            arg = n.args[i] if i < len(n.args) else (first_argument(n) if i == 0 else None)
+            arg = argument(n, i)
             if isinstance(arg, torch.fx.Node):
                 written.add(root[arg])
     inputs = module.graph.find_nodes(op="placeholder")

@@ -30,7 +30,8 @@ def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch
     accesses: dict[object, list[torch.fx.Node]] = {}
     last_write: dict[object, torch.fx.Node] = {}
     for n in nodes:
-        written = {root[n.args[i]] for i in values.mutated_arg_positions(n) if isinstance(n.args[i], torch.fx.Node)}
+        args = [values.argument(n, i) for i in values.mutated_arg_positions(n)]
+        written = {root[x] for x in args if isinstance(x, torch.fx.Node)}
         state = modules.module_state(n) if n.op == "call_module" else []
         hidden = [values.attribute_storage(name, t) for name, t, _ in state]
         written |= {key for key, (_, _, w) in zip(hidden, state) if w}

@@ -202,7 +202,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     getitem, control_deps = operator.getitem, ops.CONTROL_DEPS
     returned: torch.fx.Node | None = None  # the output, once passed: FX's code ends there
     owner = graph.owning_module
-    attributes = modules.attribute_roots(nodes, owner)  # one storage, however many get_attr nodes name it
+    attributes, attribute_root = modules.attribute_roots(nodes, owner)  # one root per storage
     hidden: dict[torch.fx.Node, tuple[tuple[torch.fx.Node, ...], tuple[torch.fx.Node, ...]]] = {}
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
@@ -244,10 +244,9 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         if op == "output":
             returned = node
         if op == "get_attr":
-            held = ops.attribute(owner, target) if owner is not None else None
-            if held is ops.MISSING:
+            if node not in attribute_root:  # (a get_attr after the output was passed above)
                 raise StreamPassError(f"get_attr of {target!r}, which the graph's module does not have", node.name)
-            root[node] = attributes.setdefault(values.attribute_storage(target, held), node)
+            root[node] = attribute_root[node]
         elif op == "call_module":
             state = modules.module_state_roots(node, attributes)
             if state != ((), ()):

@@ -88,8 +88,7 @@ def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
         return []
     out = []
     for i in values.mutated_arg_positions(node):
-        schema = getattr(node.target, "_schema", None)  # none: symbolic_trace's in-place calls
-        arg = node.args[i] if i < len(node.args) else node.kwargs.get(schema.arguments[i].name if schema else "input")
+        arg = values.argument(node, i)
         for x in arg if isinstance(arg, (list, tuple)) else [arg]:
             if isinstance(x, torch.fx.Node) and a.root[x] not in out:
                 out.append(a.root[x])
@@ -114,7 +113,7 @@ def accesses(a: StreamAssignment) -> Accesses:
     root, compute, hidden = a.root, a.compute, a.hidden
     tensor: dict[Node, bool] = {}  # is_tensor_value, once per node
     table = {
-        n: (_read_roots(n, root, tensor), writes_of(a, n) if n in compute and _writes_anything(n) else [])
+        n: (_read_roots(n, root, tensor), writes_of(a, n) if n in compute else [])
         for n in a.nodes
         if n in compute or n.op == "output"
     }
@@ -298,7 +297,3 @@ def _joins(stream_of, enqueued: list[Node], output: Node) -> list[Requirement]:
     for node in enqueued:
         last_on[stream_of[node]] = node
     return [Requirement("exit", last, output, None) for t, last in last_on.items() if t != AMBIENT]
-
-
-def _writes_anything(node: Node) -> bool:
-    return bool(values.mutated_arg_positions(node))
