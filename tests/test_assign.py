@@ -155,6 +155,15 @@ def test_big_independent_matmuls_get_several_streams_and_tiny_ones_one():
     assert tiny.waits == 0 and tiny.makespan == tiny.single_stream
 
 
+def test_cpu_profile_keeps_one_stream_and_says_why():
+    """The same big independent matmuls priced for a CPU, whose streams run one after another:
+    nothing can overlap, so one stream, without pricing the others."""
+    choice = sp.assign_streams(_branches(4, 4096), "cpu")
+    assert choice.used == [0] and choice.candidate == "one stream"
+    assert "run one after another" in choice.explain()
+    assert [e.name for e in choice.candidates] == ["one stream"]
+
+
 def test_symbolic_shapes_are_priced_by_hint_without_a_guard():
     """A dynamic-shape graph (what ``torch.compile(dynamic=True)`` hands inductor): assigning,
     the run after it and the memory estimate read sizes by their hints. A guard on a size

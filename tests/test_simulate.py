@@ -279,6 +279,20 @@ def test_branches_on_one_stream_do_not_overlap():
     assert s.critical_path_time == pytest.approx(s.serial_time / 3, rel=1e-6)
 
 
+@pytest.mark.parametrize("cpu_launch", [False, True])
+def test_cpu_streams_run_one_after_another(cpu_launch):
+    """CPU streams are no-ops: every op runs on the calling thread, so the "cpu" profile's
+    branches on three streams take as long as on one, where a GPU's overlap."""
+    gm = branches(3)
+    sp.run(gm)
+    cpu, gpu = simulate(gm, "cpu", cpu_launch=cpu_launch), simulate(gm, "h100", cpu_launch=cpu_launch)
+    assert cpu.ok and len(cpu.streams) == 3
+    assert cpu.makespan == pytest.approx(cpu.serial_time)
+    assert gpu.makespan < 0.7 * gpu.serial_time
+    kernels = sorted((s.start, s.end) for s in cpu.slots.values() if s.kind == "kernel")
+    assert all(a[1] <= b[0] + 1e-12 for a, b in itertools.pairwise(kernels))  # none overlap
+
+
 def test_profiles_and_cost_arguments():
     gm = branches(2)
     sp.run(gm)

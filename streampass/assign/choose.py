@@ -259,6 +259,9 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
     rest = generate(w, slots, groups)
     single = search.price(*next(rest))
     others = len(slots) > 1 and len(w.free) > 1  # as generate() has them
+    if others and not model.profile.concurrent_streams:
+        # Streams that run one after another cannot overlap anything: syncs are all they add.
+        return _choice(w, single, single, [single], [(ANY_OTHER, single.makespan)], free, model, memory_budget)
     floor = search.pricer.floor(w) if others and search.prune and single.peak_bytes <= budget else None
     if floor is not None and floor >= single.makespan * (1 - 1e-9):
         # No other assignment can be strictly faster (a chain, a launch-bound graph): one stream
@@ -302,6 +305,8 @@ def _choice(w, best, single, evals, skipped, free, model, memory_budget) -> Stre
                 f"streams do not pay: the best multi-stream candidate ({rival.name!r}) predicts "
                 f"{rival.makespan * 1e6:.1f} us against {single.makespan * 1e6:.1f} us on one stream"
             )
+        elif not model.profile.concurrent_streams:
+            note = f"streams do not pay: streams on the {model.profile.name!r} profile run one after another"
         else:
             note = "streams do not pay: no multi-stream candidate can beat one stream (lower bounds)"
     if best.peak_bytes > budget:

@@ -48,6 +48,9 @@ class DeviceProfile:
     ``peak_flops`` maps a ``torch.dtype`` to FLOP/s; the key ``"default"`` gives the
     rate for any dtype not listed (when it is absent, the float32 rate is used, or
     failing that the lowest listed rate). The mapping is stored read-only.
+    ``concurrent_streams``: whether work on different streams overlaps (a GPU); False where
+    streams run one after another (the ``"cpu"`` profile: CPU streams are no-ops, every op
+    runs on the calling thread), and the simulator then runs them so.
 
     >>> p = DeviceProfile("toy", {torch.bfloat16: 100e12, "default": 10e12},
     ...                   mem_bandwidth=1e12, launch_overhead=5e-6, sync_cost=2e-6)
@@ -60,6 +63,7 @@ class DeviceProfile:
     mem_bandwidth: float
     launch_overhead: float = 5e-6
     sync_cost: float = 2e-6
+    concurrent_streams: bool = True
 
     def __post_init__(self) -> None:
         if not self.peak_flops:
@@ -112,7 +116,12 @@ PROFILES: dict[str, DeviceProfile] = {
         sync_cost=2e-6,
     ),
     "cpu": DeviceProfile(
-        "cpu", {torch.float64: 0.5e12, "default": 1e12}, mem_bandwidth=50e9, launch_overhead=1e-6, sync_cost=0.0
+        "cpu",
+        {torch.float64: 0.5e12, "default": 1e12},
+        mem_bandwidth=50e9,
+        launch_overhead=1e-6,
+        sync_cost=0.0,
+        concurrent_streams=False,
     ),
 }
 """Built-in profiles by name: ``"h100"``, ``"h200"``, ``"a100"``, ``"cpu"``."""

@@ -51,7 +51,7 @@ class _Item:
     """One thing the CPU issues. A plain class with slots, not a dataclass: a search prices
     thousands of schedules, and making items was a tenth of each price."""
 
-    __slots__ = ("block_cpu", "cpu", "done", "dur", "end", "gates", "issued", "kind", "node", "start", "stream")
+    __slots__ = ("block_cpu", "cpu", "done", "dur", "end", "gates", "issued", "kind", "lane", "node", "start", "stream")
 
     def __init__(
         self,
@@ -64,6 +64,7 @@ class _Item:
         block_cpu: bool = False,  # synchronize_*: the CPU waits for the gates
     ):
         self.node, self.stream, self.dur, self.cpu, self.kind = node, stream, dur, cpu, kind
+        self.lane = stream  # what it queues behind: its stream, or one lane where streams do not overlap
         self.gates = [] if gates is None else gates
         self.block_cpu = block_cpu
         self.issued = self.start = self.end = -1.0
@@ -102,12 +103,15 @@ class Items:
         self.last_on: dict[int, _Item] = {}
         self.last_record: dict[int, _Item] = {}
         self.launch, self.cpu_launch, self.serial = profile.launch_overhead, cpu_launch, serial
+        self.one_lane = not profile.concurrent_streams
 
     def kernel(self, node, stream: int, t: float) -> _Item:
         """A kernel of ``t`` seconds (one launch included) on ``stream``."""
         s = AMBIENT if self.serial else stream
         cpu = min(t, self.launch) if self.cpu_launch else 0.0
         item = _Item(node, s, t - cpu, cpu, "kernel")
+        if self.one_lane:
+            item.lane = AMBIENT
         self.last_on[s] = item
         self.items.append(item)
         return item
@@ -126,6 +130,8 @@ class Items:
                 t if cpu_launch else 0.0,
                 "record" if target is ops.RECORD_EVENT else "wait",
             )
+            if self.one_lane:
+                item.lane = AMBIENT
             if target is ops.RECORD_EVENT:
                 # Completes when the work before it on its stream completes: stream order does that.
                 self.last_record[call.args[0]] = item
@@ -168,6 +174,8 @@ def run_items(items: list[_Item]) -> float:
     """Play ``items`` in issue order (sets each one's issue, start and end times); returns when
     the CPU is done.
 
+    A stream item queues behind the items of its ``lane`` (its stream; one lane for every
+    stream where the profile's streams do not overlap).
     One pass: every gate is an item issued earlier (a record before its wait, a producer before
     its reader), so when an item is reached everything that decides its start is known. A
     stream item starts at ``max(enqueued, end of the previous item on its stream, ends of its
@@ -180,7 +188,7 @@ def run_items(items: list[_Item]) -> float:
     for it in items:
         it.issued = cpu
         cpu += it.cpu  # a kernel reaches its stream when the launch call returns
-        held = cpu if it.stream is None else max(cpu, last_end.get(it.stream, cpu))
+        held = cpu if it.stream is None else max(cpu, last_end.get(it.lane, cpu))
         if it.stream is not None or it.block_cpu:
             for g in it.gates:
                 if not g.done:
@@ -191,7 +199,7 @@ def run_items(items: list[_Item]) -> float:
             it.start, it.end, cpu = it.issued, held, held
         else:
             it.start, it.end = held, held + it.dur
-            last_end[it.stream] = it.end
+            last_end[it.lane] = it.end
         it.done = True
     return cpu
 
