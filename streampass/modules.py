@@ -15,7 +15,8 @@ def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
     """The tensors a ``call_module`` uses without taking them as arguments (``symbolic_trace``
     keeps ``self.lin(x)`` as one call): ``(qualified name, tensor, whether the call writes it)``.
     A module's parameters are read and its buffers written while it trains (batch norm's running
-    statistics), read otherwise. A ``GraphModule`` (``split_module``'s parts) says what it does:
+    statistics), read otherwise; a module not from ``torch.nn`` (a custom tracer's leaf) writes
+    its buffers evaluating too. A ``GraphModule`` (``split_module``'s parts) says what it does:
     the tensors its ``get_attr`` nodes name, written where one of its nodes writes them in place,
     and those of the modules its own ``call_module`` nodes call.
 
@@ -35,8 +36,16 @@ def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
         return [(f"{node.target}.{k}", t, w) for k, t, w in _graph_module_state(module)]
     out = [(f"{node.target}.{k}", p, False) for k, p in module.named_parameters()]
     for k, b in module.named_buffers():
-        out.append((f"{node.target}.{k}", b, module.get_submodule(k.rpartition(".")[0]).training))
+        owner = module.get_submodule(k.rpartition(".")[0])
+        out.append((f"{node.target}.{k}", b, owner.training or not _from_torch(owner)))
     return out
+
+
+def _from_torch(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is one of torch's own (``torch.nn``, ``torch.ao.nn``), known to write
+    its buffers only while training (batch norm's running statistics). A module of anyone
+    else's that a tracer keeps whole may write them evaluating too (a KV cache, a counter)."""
+    return type(module).__module__.startswith(("torch.nn.", "torch.ao.nn."))
 
 
 def _graph_module_state(module: torch.fx.GraphModule) -> list[tuple[str, torch.Tensor, bool]]:

@@ -708,6 +708,53 @@ def test_a_submodule_reading_nothing_from_the_ambient_stream_still_waits_for_its
     torch.testing.assert_close(gm(x), want)
 
 
+class Counter(torch.nn.Module):
+    """Counts its calls in a buffer, evaluating too (as a KV cache writes its cache)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return x * self.calls
+
+
+class CountedTwice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.counter = Counter()
+
+    def forward(self, x):
+        seen = x * self.counter.calls  # read before the call writes it
+        return self.counter(x), seen
+
+
+class LeafTracer(torch.fx.Tracer):
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, Counter) or super().is_leaf_module(m, qualname)
+
+
+def test_a_custom_leaf_module_writes_its_buffers_evaluating_too():
+    """A leaf module of the user's own (a custom tracer keeps ``self.counter(x)`` as one
+    call_module) may write its buffers whatever its training flag: it was judged as torch's
+    own modules are (evaluating: read only), so the ambient stream's read of ``calls`` and
+    the call writing it on stream 1 got no order; verify agreed. Only torch.nn's modules are
+    known to write nothing while evaluating."""
+    root = CountedTwice().eval()
+    gm = torch.fx.GraphModule(root, LeafTracer().trace(root))
+    gm.graph.find_nodes(op="call_module", target="counter")[0].meta["custom"] = {"stream": 1}
+    gm.recompile()
+    assert ("war", "counter") in {(h.kind, h.nodes[1]) for h in sp.verify(gm).hazards}
+    x = torch.randn(4)
+    want = copy.deepcopy(gm)(x)
+    assert sp.run(gm).ok and sp.verify(gm).ok
+    for seed in range(6):
+        moved = random_topological_copy(copy.deepcopy(gm), seed)
+        assert sp.verify(moved).ok, (seed, sp.verify(moved))
+        torch.testing.assert_close(moved(x), want)
+
+
 def _calling(inner_graph: torch.fx.Graph, inner_root: torch.nn.Module, n_calls: int) -> torch.fx.GraphModule:
     """A graph that calls ``GraphModule(inner_root, inner_graph)`` (as ``split_module`` makes) on
     ``n_calls`` inputs, returning the results and the submodule's tensor ``t`` times three."""
