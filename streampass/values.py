@@ -114,6 +114,10 @@ def argument(node: torch.fx.Node, i: int) -> Any:
     schema = getattr(node.target, "_schema", None)
     if schema is not None:
         return node.kwargs.get(schema.arguments[i].name)
+    module = called_module(node)
+    if isinstance(module, torch.fx.GraphModule):  # by its placeholder's name
+        inputs = module.graph.find_nodes(op="placeholder")
+        return node.kwargs.get(inputs[i].target) if i < len(inputs) else None
     return first_argument(node) if i == 0 else None
 
 
@@ -201,7 +205,7 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
         # an in-place op with no schema returns what it wrote (``y.add_(1)`` is ``y``)
         if _in_place_without_schema(node) or _view_without_schema(node) or _module_returns_its_input(node):
             return first_argument(node)
-        return None
+        return _graph_module_returned_input(node, None)
     if node.target in _UNANNOTATED_VIEWS:
         return node.args[0] if isinstance(node.args[0], torch.fx.Node) else None
     for i, name in _schema_facts(node.target).alias_args:
@@ -241,7 +245,26 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     # A chunk of split/unbind/chunk (`Tensor(a)[]`) is a view of what the list aliases.
     if (seq.op == "call_function" and _schema_facts(seq.target).returns_alias) or _view_without_schema(seq):
         return seq
-    return None
+    return _graph_module_returned_input(seq, node.args[1]) if isinstance(node.args[1], int) else None
+
+
+def _graph_module_returned_input(node: torch.fx.Node, index: int | None) -> torch.fx.Node | None:
+    """The argument of a call of a ``GraphModule`` whose storage its result (``index``: that
+    element of the tuple it returns) shares, its own graph says (an input returned as it is, in
+    place or as a view); None for anything else."""
+    module = called_module(node)
+    if not isinstance(module, torch.fx.GraphModule):
+        return None
+    out = module.graph.output_node().args[0]
+    if index is not None:
+        out = out[index] if isinstance(out, (tuple, list)) and -len(out) <= index < len(out) else None
+    if not isinstance(out, torch.fx.Node):
+        return None
+    root = _graph_roots(module)[out]
+    if root.op != "placeholder":
+        return None
+    arg = argument(node, module.graph.find_nodes(op="placeholder").index(root))
+    return arg if isinstance(arg, torch.fx.Node) else None
 
 
 def _advanced(index: Any) -> bool:
@@ -303,17 +326,25 @@ def attribute_storage(target: str, held: object) -> tuple:
 def graph_module_writes(module: torch.fx.GraphModule) -> tuple[set[torch.fx.Node], tuple[int, ...]]:
     """The nodes of ``module``'s graph whose storage a node of it writes in place, and the
     positions of the inputs among them."""
+    root = _graph_roots(module)
     written: set[torch.fx.Node] = set()
-    root: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in module.graph.nodes:
-        src = aliases_input(n) if n.op != "get_attr" else None
-        root[n] = root.get(src, src) if src is not None else n
         for i in mutated_arg_positions(n):
             arg = argument(n, i)
             if isinstance(arg, torch.fx.Node):
                 written.add(root[arg])
     inputs = module.graph.find_nodes(op="placeholder")
     return written, tuple(i for i, p in enumerate(inputs) if p in written)
+
+
+def _graph_roots(module: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Each node of ``module``'s graph -> the node whose storage it shares (itself, or the
+    input or get_attr it is a view or alias of)."""
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in module.graph.nodes:
+        src = aliases_input(n) if n.op != "get_attr" else None
+        root[n] = root.get(src, src) if src is not None else n
+    return root
 
 
 def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:

@@ -790,6 +790,38 @@ def test_a_graph_module_submodule_says_what_it_writes():
     assert not [h for h in sp.verify(gm).hazards if h.kind in ("waw", "war", "raw")]
 
 
+def test_a_graph_module_submodule_returning_its_input_returns_an_alias_of_it():
+    """``sub`` adds to its input in place and returns it (``split_module`` returns what a part's
+    in-place op made): its result is the caller's ``x``, so writing the result on the ambient
+    stream writes ``x``, which ``x.sin()`` on stream 2 reads. The result was read as a tensor of
+    its own: no war, and verify agreed. Called with ``a=x``, its write of ``x`` was missed too."""
+    for returned in ("alone", "in a tuple", "by keyword"):
+        ig = torch.fx.Graph()
+        added = ig.call_method("add_", (ig.placeholder("a"), 1.0))
+        ig.output((ig.call_function(torch.mul, (added, 2.0)), added) if returned == "in a tuple" else added)
+        root = torch.nn.Module()
+        root.sub = torch.fx.GraphModule(torch.nn.Module(), ig)
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        y = g.call_module("sub", (), {"a": x}) if returned == "by keyword" else g.call_module("sub", (x,))
+        if returned == "in a tuple":
+            y = g.call_function(operator.getitem, (y, 1))
+        r = g.call_method("sin", (x,))
+        w = g.call_method("mul_", (y, 2.0))
+        g.output((r, w))
+        gm = torch.fx.GraphModule(root, g)
+        gm.graph.find_nodes(op="call_module")[0].meta["custom"] = {"stream": 1}
+        r.meta["custom"] = {"stream": 2}
+        gm.recompile()
+        assert ("war", "mul_") in {(h.kind, h.nodes[1]) for h in sp.verify(gm).hazards}, returned
+        want = copy.deepcopy(gm)(torch.ones(3))
+        assert sp.run(gm).ok and sp.verify(gm).ok
+        for seed in range(6):
+            moved = random_topological_copy(copy.deepcopy(gm), seed)
+            assert sp.verify(moved).ok, (returned, seed, sp.verify(moved))
+            torch.testing.assert_close(moved(torch.ones(3)), want)
+
+
 class DataWrite(torch.nn.Module):  # weight clipping, as written: through ``.data``
     def __init__(self):
         super().__init__()
