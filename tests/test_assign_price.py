@@ -16,7 +16,7 @@ from streampass.assign.dag import work_graph
 from streampass.assign.evaluate import evaluate
 from streampass.assign.price import Pricer, hoisted, restreamed
 from streampass.sim.cost import CostModel
-from streampass.sim.simulate import ideal_makespan
+from streampass.sim.player import ideal_makespan
 from streampass.synthetic import random_stream_graph
 from streampass.transform.assign_apply import annotated_copy
 from streampass.transform.pipeline import hoist_attributes

@@ -18,7 +18,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import streampass as sp
 from streampass import ops
 from streampass.sim.cost import PROFILES, CostModel
-from streampass.sim.simulate import Schedule, _Item, ideal_makespan, run_items, simulate
+from streampass.sim.player import Item, ideal_makespan, run_items
+from streampass.sim.simulate import Schedule, simulate
 from streampass.synthetic import random_stream_graph
 
 aten = torch.ops.aten
@@ -422,9 +423,9 @@ def _random_items(draw):
     for i in range(draw(st.integers(1, 30))):
         earlier = st.lists(st.sampled_from(items), max_size=3, unique_by=id) if items else st.just([])
         if draw(st.integers(0, 5)) == 0:
-            it = _Item(_named(f"sync{i}"), None, 0.0, draw(us), "sync", block_cpu=True)
+            it = Item(_named(f"sync{i}"), None, 0.0, draw(us), "sync", block_cpu=True)
         else:
-            it = _Item(_named(f"k{i}"), draw(st.integers(0, 2)), draw(us), draw(us), "kernel")
+            it = Item(_named(f"k{i}"), draw(st.integers(0, 2)), draw(us), draw(us), "kernel")
         it.gates = [g for g in draw(earlier) if g.stream is not None]
         items.append(it)
     return items
@@ -434,7 +435,7 @@ def _random_items(draw):
 @given(st.data())
 def test_one_pass_player_equals_the_event_driven_one(data):
     items = _random_items(data.draw)
-    twins = {id(it): _Item(it.node, it.stream, it.dur, it.cpu, it.kind, block_cpu=it.block_cpu) for it in items}
+    twins = {id(it): Item(it.node, it.stream, it.dur, it.cpu, it.kind, block_cpu=it.block_cpu) for it in items}
     for it in items:
         twins[id(it)].gates = [twins[id(g)] for g in it.gates]
     copies = [twins[id(it)] for it in items]
@@ -453,7 +454,7 @@ def test_ideal_makespan_is_the_player_s_with_every_cross_stream_dependency_as_a_
     items = {}
     for i in range(n):
         cpu = min(times[i], H100.launch_overhead) if cpu_launch else 0.0
-        items[i] = _Item(_named(str(i)), stream[i], times[i] - cpu, cpu, "kernel")
+        items[i] = Item(_named(str(i)), stream[i], times[i] - cpu, cpu, "kernel")
         items[i].gates = [items[u] for u in preds[i] if stream[u] != stream[i]]
     cpu_end = play_events(list(items.values()), [0, 1, 2])
     expected = max([cpu_end] + [it.end for it in items.values()])
@@ -461,8 +462,8 @@ def test_ideal_makespan_is_the_player_s_with_every_cross_stream_dependency_as_a_
 
 
 def test_a_gate_issued_later_is_refused():
-    late = _Item(_named("late"), 0, 1 * US, 0.0, "kernel")
-    early = _Item(_named("early"), 1, 1 * US, 0.0, "kernel", gates=[late])
+    late = Item(_named("late"), 0, 1 * US, 0.0, "kernel")
+    early = Item(_named("early"), 1, 1 * US, 0.0, "kernel", gates=[late])
     with pytest.raises(AssertionError, match="early is gated on late"):
         run_items([early, late])
 

@@ -21,7 +21,8 @@ from streampass.analysis.requirements import Orderings, accesses
 from streampass.assign.memory import LivePeak, ordering_deps
 from streampass.ops import AMBIENT
 from streampass.sim.cost import CostModel
-from streampass.sim.simulate import Items, build_items, graph_steps, ideal_makespan, is_device_work, run_items
+from streampass.sim.player import Items, build_items, ideal_makespan, run_items
+from streampass.sim.simulate import graph_steps, is_device_work
 from streampass.transform.encoding import WRAPPABLE, last_work, readers
 from streampass.transform.pipeline import attributes_to_hoist
 from streampass.transform.plan import PlannedRecord, PlannedWait, SyncPlan
@@ -150,7 +151,7 @@ class Pricer:
         without planning: the larger of
 
         - the work on its streams with every cross-stream dependency met for free
-          (:func:`~streampass.sim.simulate.ideal_makespan`), and
+          (:func:`~streampass.sim.player.ideal_makespan`), and
         - with ``cpu_launch``, the CPU's own time: every launch and existing sync, plus a record
           and a wait for each stream the graph did not have (its work must be joined back
           before the return, through an event of its own).
