@@ -10,7 +10,9 @@
 * :func:`graph_kind`: torch 2.11 and 2.12 do not tell a post-grad pass whether a graph is inference.
 * ``control_deps`` (inductor's ordering wrapper, which streampass puts syncs in): torch 2.11
   can neither call it eagerly nor keeps it through dead-code elimination; both are given here.
-* :func:`cpu_safe_aot`: torch's AOT stream pass crashes on CPU training graphs (below).
+* :func:`cpu_safe_aot`: torch's AOT stream pass crashes on CPU training graphs (below), and
+  torch 2.13's wrapping of a forward ``wait_stream`` makes every training graph with one fail
+  AOT's partitioner (``_forward_waits_keep_to_the_forward``).
 
 Working around torch 2.13's own stream passes where they break CPU graphs.
 
@@ -239,24 +241,57 @@ def _guarded_sync_deallocations():
     return graph_capture, original, sync_deallocations
 
 
+@functools.cache
+def _forward_waits_keep_to_the_forward():
+    """torch 2.13's ``wrap_all_sync_nodes_with_control_deps`` threads, through the control_deps
+    of a ``wait_stream`` in the forward, the inputs of every later node on the waiting stream,
+    the backward's included: the loss's incoming gradient (``tangents_1``) among them, so the
+    forward's outputs depend on a backward input and AOT's partitioner fails ("Node sum_2 was
+    invalid, but is output"): any training program with ``s.wait_stream(...)`` in its forward,
+    with or without streampass. The backward runs after the forward in a graph of its own, so a
+    forward wait needs to order nothing of it: its backward dependencies are dropped. None
+    where torch has no such pre-pass (2.14 scopes the dependencies to their partition)."""
+    from torch._functorch._aot_autograd import streams
+
+    original = getattr(streams, "_collect_wait_stream_forward_deps", None)
+    if original is None:
+        return None
+
+    def collect(graph: torch.fx.Graph) -> dict:
+        deps = original(graph)
+        return {
+            wait: (found if streams.is_bwd_node(wait) else [d for d in found if not streams.is_bwd_node(d)])
+            for wait, found in deps.items()
+        }
+
+    collect.__wrapped__ = original
+    return streams, original, collect
+
+
 _guard_depth = 0
 
 
 def aot_guard_on() -> None:
-    """Install the guard (counted: each call needs one :func:`aot_guard_off`)."""
+    """Install the guards (counted: each call needs one :func:`aot_guard_off`)."""
     global _guard_depth
     graph_capture, _, guarded = _guarded_sync_deallocations()
+    forward_waits = _forward_waits_keep_to_the_forward()
     _guard_depth += 1
     graph_capture.sync_deallocations = guarded
+    if forward_waits is not None:
+        forward_waits[0]._collect_wait_stream_forward_deps = forward_waits[2]
 
 
 def aot_guard_off() -> None:
-    """Undo one :func:`aot_guard_on`; torch's pass is back when none is left."""
+    """Undo one :func:`aot_guard_on`; torch's passes are back when none is left."""
     global _guard_depth
     graph_capture, original, _ = _guarded_sync_deallocations()
+    forward_waits = _forward_waits_keep_to_the_forward()
     _guard_depth = max(_guard_depth - 1, 0)
     if _guard_depth == 0:
         graph_capture.sync_deallocations = original
+        if forward_waits is not None:
+            forward_waits[0]._collect_wait_stream_forward_deps = forward_waits[1]
 
 
 @contextlib.contextmanager

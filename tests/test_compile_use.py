@@ -392,6 +392,43 @@ def test_a_continuation_first_reached_after_the_block_goes_through_streampass():
     assert all(sp.verify(r.verified_graph).ok for r in p.reports if r.verified_graph is not None)
 
 
+class WaitBothWays(torch.nn.Module):
+    """PyTorch's CUDA-semantics pattern in a training step: the side stream waits for the current
+    one before using its tensor, and the current one waits back before the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        syncs = torch.compiler.is_compiling()  # eager CPU streams cannot wait (no events)
+        with AMB:
+            a = self.lin(x).relu()
+            if syncs:
+                S1.wait_stream(AMB)
+            with S1:
+                b = a.sum(1) * 2
+            if syncs:
+                AMB.wait_stream(S1)
+            return (b + a.mean(1)).sum()
+
+
+def test_a_training_step_with_wait_stream_both_ways():
+    """torch 2.13 threaded the loss's incoming gradient (``tangents_1``) through the forward's
+    ``AMB.wait_stream(S1)``, and AOT's partitioner refused the joint graph ("Node sum_2 was
+    invalid, but is output"), with or without streampass; ``enabled()`` now keeps a forward
+    wait's dependencies to the forward (compat.py). Three steps, backward after the block."""
+    batches = [lambda m: torch.randn(8, 16)] * 3
+    p, model, ref, _ = _train_first_step_in_block(WaitBothWays, 0.1, batches)
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b)
+    assert [r.graph for r in p.reports] == ["forward", "backward"]
+    assert all(r.verified_graph is not None and sp.verify(r.verified_graph).ok for r in p.reports)
+    forward = sp.read_streams(p.reports[0].verified_graph)
+    if compat.STREAM_METHODS_ARE_OPS:  # torch 2.11 runs wait_stream while tracing
+        assert sum(call.target is ops.WAIT_STREAM for call in forward.syncs.values()) == 2
+
+
 class ParallelBlock(torch.nn.Module):
     """A GPT-J style block: attention and the MLP read the same normalised input, one stream each."""
 

@@ -463,6 +463,34 @@ def test_aot_guard_skips_cpu_graphs_only_and_restores():
     assert graph_capture.sync_deallocations is original
 
 
+def test_forward_waits_keep_to_the_forward_inside_the_guard_only():
+    """torch 2.13's pre-pass for wait_stream (compat.py) is swapped inside the guard and back
+    after it; a forward wait drops what only the backward has (``tangents_1``), a backward
+    wait keeps everything. torch releases without the pre-pass are left alone."""
+    from torch._functorch._aot_autograd import streams
+
+    original = getattr(streams, "_collect_wait_stream_forward_deps", None)
+    if original is None:
+        assert compat._forward_waits_keep_to_the_forward() is None
+        return
+    g = torch.fx.Graph()
+    x, t = g.placeholder("primals_1"), g.placeholder("tangents_1")
+    t.meta["partitioner_tag"] = "is_backward"
+    fw_wait = g.call_function(ops.WAIT_STREAM, (0, 1))
+    bw_wait = g.call_function(ops.WAIT_STREAM, (0, 1))
+    bw_wait.meta["partitioner_tag"] = "is_backward"
+    with mock.patch.object(
+        streams, "_collect_wait_stream_forward_deps", lambda graph: {fw_wait: [x, t], bw_wait: [x, t]}
+    ):
+        compat._forward_waits_keep_to_the_forward.cache_clear()
+        try:
+            with spi.cpu_safe_aot_stream_passes():
+                assert streams._collect_wait_stream_forward_deps(g) == {fw_wait: [x], bw_wait: [x, t]}
+        finally:
+            compat._forward_waits_keep_to_the_forward.cache_clear()
+    assert streams._collect_wait_stream_forward_deps is original
+
+
 def test_a_pass_given_while_another_is_enabled_is_refused_not_dropped():
     """enable() then enabled(StreamPass(keep_graphs=True)), or an inner enabled(p) in an outer
     one, compiled through the pass already enabled: the given pass (its keep_graphs, its
