@@ -10,29 +10,15 @@
 * :func:`graph_kind`: torch 2.11 and 2.12 do not tell a post-grad pass whether a graph is inference.
 * ``control_deps`` (inductor's ordering wrapper, which streampass puts syncs in): torch 2.11
   can neither call it eagerly nor keeps it through dead-code elimination; both are given here.
-* :func:`cpu_safe_aot`: torch's AOT stream pass crashes on CPU training graphs (below), and
-  torch 2.13's wrapping of a forward ``wait_stream`` makes every training graph with one fail
-  AOT's partitioner (``_forward_waits_keep_to_the_forward``).
-
-Working around torch 2.13's own stream passes where they break CPU graphs.
-
-torch's AOT autograd runs ``sync_deallocations`` (``torch/_functorch/_aot_autograd/streams.py``)
-on every joint graph whose nodes carry ``custom.stream``; its cost estimate imports triton,
-so on a CPU-only machine training graphs with stream annotations crash with
-``ModuleNotFoundError: triton``. The pass only serves CUDA memory (``record_stream`` and
-deferred frees), which means nothing on CPU, so :func:`cpu_safe_aot` skips it for graphs
-whose tensors are all on the CPU while the block runs. It swaps a module attribute for the
-duration of the block (no torch file is edited) and checks the attribute still exists, so a
-torch that renames it fails loudly rather than silently.
+* ``streampass.aot_guard``: torch's own AOT stream passes, guarded where they break training graphs
+  (triton on CPU; a forward ``wait_stream`` on 2.13, a buffer updated after one on 2.13 and 2.14).
 
 Checked on torch 2.11.0, 2.12.0, 2.13.0, 2.14.1 and 2.15.0 (tests/test_compat.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 
 import torch
 import torch._dynamo.variables.streams
@@ -220,98 +206,3 @@ def registered_object(index: int):
     else:
         ref = entries[index] if 0 <= index < len(entries) else None
     return ref() if ref is not None else None
-
-
-@functools.cache
-def _guarded_sync_deallocations():
-    from torch._functorch._aot_autograd import graph_capture
-
-    original = graph_capture.sync_deallocations
-
-    def sync_deallocations(gm: torch.fx.GraphModule) -> None:
-        from streampass import values  # values imports ops, which imports this module
-
-        if {d.type for d in values.graph_devices(gm)} <= {"cpu"}:
-            # torch's version estimates kernel times with triton and inserts record_stream,
-            # which CPU has neither of; streampass plans CPU deallocations itself.
-            return None
-        return original(gm)
-
-    sync_deallocations.__wrapped__ = original
-    return graph_capture, original, sync_deallocations
-
-
-@functools.cache
-def _forward_waits_keep_to_the_forward():
-    """torch 2.13's ``wrap_all_sync_nodes_with_control_deps`` threads, through the control_deps
-    of a ``wait_stream`` in the forward, the inputs of every later node on the waiting stream,
-    the backward's included: the loss's incoming gradient (``tangents_1``) among them, so the
-    forward's outputs depend on a backward input and AOT's partitioner fails ("Node sum_2 was
-    invalid, but is output"): any training program with ``s.wait_stream(...)`` in its forward,
-    with or without streampass. The backward runs after the forward in a graph of its own, so a
-    forward wait needs to order nothing of it: its backward dependencies are dropped. None
-    where torch has no such pre-pass (2.14 scopes the dependencies to their partition)."""
-    from torch._functorch._aot_autograd import streams
-
-    original = getattr(streams, "_collect_wait_stream_forward_deps", None)
-    if original is None:
-        return None
-
-    def collect(graph: torch.fx.Graph) -> dict:
-        deps = original(graph)
-        return {
-            wait: (found if streams.is_bwd_node(wait) else [d for d in found if not streams.is_bwd_node(d)])
-            for wait, found in deps.items()
-        }
-
-    collect.__wrapped__ = original
-    return streams, original, collect
-
-
-_guard_depth = 0
-
-
-def aot_guard_on() -> None:
-    """Install the guards (counted: each call needs one :func:`aot_guard_off`)."""
-    global _guard_depth
-    graph_capture, _, guarded = _guarded_sync_deallocations()
-    forward_waits = _forward_waits_keep_to_the_forward()
-    _guard_depth += 1
-    graph_capture.sync_deallocations = guarded
-    if forward_waits is not None:
-        forward_waits[0]._collect_wait_stream_forward_deps = forward_waits[2]
-
-
-def aot_guard_off() -> None:
-    """Undo one :func:`aot_guard_on`; torch's passes are back when none is left."""
-    global _guard_depth
-    graph_capture, original, _ = _guarded_sync_deallocations()
-    forward_waits = _forward_waits_keep_to_the_forward()
-    _guard_depth = max(_guard_depth - 1, 0)
-    if _guard_depth == 0:
-        graph_capture.sync_deallocations = original
-        if forward_waits is not None:
-            forward_waits[0]._collect_wait_stream_forward_deps = forward_waits[1]
-
-
-@contextlib.contextmanager
-def cpu_safe_aot() -> Iterator[None]:
-    """Let AOT autograd trace CPU training graphs that carry stream annotations (nests).
-
-    >>> import torch, streampass as sp
-    >>> from functorch.compile import aot_function, nop
-    >>> def f(x):
-    ...     with sp.stream(1):
-    ...         y = x.sin()
-    ...     return (y * x).sum()
-    >>> x = torch.randn(3, requires_grad=True)
-    >>> with cpu_safe_aot():
-    ...     aot_function(f, nop)(x).backward()
-    >>> x.grad.shape
-    torch.Size([3])
-    """
-    aot_guard_on()
-    try:
-        yield
-    finally:
-        aot_guard_off()

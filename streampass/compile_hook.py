@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from streampass.compat import cpu_safe_aot
+from streampass.aot_guard import cpu_safe_aot
 from streampass.transform.dynamo_indices import forward_offset
 
 #: the inductor config entry StreamPass goes in

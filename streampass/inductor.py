@@ -45,9 +45,10 @@ import torch.fx
 from streampass import compat, compile_hook, ops, runtime, values
 from streampass.analysis import bodies, wellformed
 from streampass.analysis.reading import events_recorded_outside, read_streams
+from streampass.aot_guard import aot_guard_off, aot_guard_on, cpu_safe_aot
 from streampass.assign.candidates import check_max_streams, cost_model
 from streampass.assign.in_compile import assign_in_place, cost_key, device_cost, serial_summary, summary
-from streampass.compat import PassBase, PassChain, aot_guard_off, aot_guard_on, cpu_safe_aot, post_grad_config
+from streampass.compat import PassBase, PassChain, post_grad_config
 from streampass.errors import StreamPassError, StreamPassWarning
 from streampass.graph_report import GraphReport, nonzero
 from streampass.kept_graphs import KeptGraphs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -17,7 +18,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import streampass as sp
 import streampass.inductor as spi
-from streampass import compat, ops
+from streampass import aot_guard, ops
 from streampass.compat import post_grad_config
 from streampass.ops import AMBIENT
 
@@ -444,7 +445,7 @@ def test_aot_guard_skips_cpu_graphs_only_and_restores():
     seen = []
     with mock.patch.object(graph_capture, "sync_deallocations", lambda gm: seen.append(gm)):
         inner = graph_capture.sync_deallocations
-        compat._guarded_sync_deallocations.cache_clear()
+        aot_guard._guarded_sync_deallocations.cache_clear()
         try:
             with spi.cpu_safe_aot_stream_passes():
                 with spi.cpu_safe_aot_stream_passes():
@@ -458,37 +459,46 @@ def test_aot_guard_skips_cpu_graphs_only_and_restores():
                 guarded(meta)
             assert graph_capture.sync_deallocations is inner
         finally:
-            compat._guarded_sync_deallocations.cache_clear()
+            aot_guard._guarded_sync_deallocations.cache_clear()
     assert seen == [meta]
     assert graph_capture.sync_deallocations is original
 
 
-def test_forward_waits_keep_to_the_forward_inside_the_guard_only():
-    """torch 2.13's pre-pass for wait_stream (compat.py) is swapped inside the guard and back
-    after it; a forward wait drops what only the backward has (``tangents_1``), a backward
-    wait keeps everything. torch releases without the pre-pass are left alone."""
+def test_sync_deps_guards_drop_backward_and_copied_back_inputs_inside_the_guard_only():
+    """torch's pre-passes of wrap_all_sync_nodes_with_control_deps (aot_guard.py) are swapped
+    inside the guard and back after it: a forward wait drops what only the backward has
+    (``tangents_1``; 2.13) and an input functionalization copies back into (2.13, 2.14); a
+    backward wait keeps the backward's."""
     from torch._functorch._aot_autograd import streams
 
-    original = getattr(streams, "_collect_wait_stream_forward_deps", None)
-    if original is None:
-        assert compat._forward_waits_keep_to_the_forward() is None
-        return
     g = torch.fx.Graph()
-    x, t = g.placeholder("primals_1"), g.placeholder("tangents_1")
+    x, buf, t = g.placeholder("primals_1"), g.placeholder("primals_2"), g.placeholder("tangents_1")
     t.meta["partitioner_tag"] = "is_backward"
     fw_wait = g.call_function(ops.WAIT_STREAM, (0, 1))
     bw_wait = g.call_function(ops.WAIT_STREAM, (0, 1))
     bw_wait.meta["partitioner_tag"] = "is_backward"
-    with mock.patch.object(
-        streams, "_collect_wait_stream_forward_deps", lambda graph: {fw_wait: [x, t], bw_wait: [x, t]}
-    ):
-        compat._forward_waits_keep_to_the_forward.cache_clear()
+    g.call_function(torch.ops.aten.copy_.default, (buf, x))
+    fakes = {  # what each pre-pass would return for the graph above
+        "_collect_wait_stream_forward_deps": lambda graph: {fw_wait: [x, buf, t], bw_wait: [x, buf, t]},
+        "_collect_sync_forward_deps": lambda graph: ({fw_wait: [x, buf], bw_wait: [x, t]}, {}),
+    }
+    wants = {
+        "_collect_wait_stream_forward_deps": {fw_wait: [x], bw_wait: [x, t]},
+        "_collect_sync_forward_deps": ({fw_wait: [x], bw_wait: [x, t]}, {}),
+    }
+    present = [name for name in fakes if hasattr(streams, name)]
+    originals = {name: getattr(streams, name) for name in present}
+    with contextlib.ExitStack() as stack:
+        for name in present:
+            stack.enter_context(mock.patch.object(streams, name, fakes[name]))
+        aot_guard._sync_deps_guards.cache_clear()
         try:
             with spi.cpu_safe_aot_stream_passes():
-                assert streams._collect_wait_stream_forward_deps(g) == {fw_wait: [x], bw_wait: [x, t]}
+                for name in present:
+                    assert getattr(streams, name)(g) == wants[name], name
         finally:
-            compat._forward_waits_keep_to_the_forward.cache_clear()
-    assert streams._collect_wait_stream_forward_deps is original
+            aot_guard._sync_deps_guards.cache_clear()
+    assert {name: getattr(streams, name) for name in present} == originals
 
 
 def test_a_pass_given_while_another_is_enabled_is_refused_not_dropped():

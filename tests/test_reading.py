@@ -8,7 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
 from streampass import ops
-from streampass.compat import cpu_safe_aot
+from streampass.aot_guard import cpu_safe_aot
 
 from graphs import GraphBuilder, aten, wrap_syncs_in_control_deps
 

@@ -312,7 +312,7 @@ def test_training_graphs_from_aot_function_run_and_match_eager():
     """Forward and backward joint-graph partitions: rewritten by run(), called by AOT autograd."""
     from functorch.compile import aot_function, make_boxed_func
 
-    from streampass.compat import cpu_safe_aot
+    from streampass.aot_guard import cpu_safe_aot
 
     results = []
 

@@ -357,8 +357,8 @@ def test_hazards_name_kernels_not_views():
 def _traced_models():
     from functorch.compile import aot_function, make_boxed_func
 
+    from streampass.aot_guard import cpu_safe_aot
     from streampass.commands import trace_demo
-    from streampass.compat import cpu_safe_aot
 
     demo, _ = trace_demo(batch=4, dim=8)
     yield "demo", demo

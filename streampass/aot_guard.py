@@ -1,0 +1,138 @@
+"""Guards around torch's own AOT stream passes (``torch/_functorch/_aot_autograd/streams.py``),
+where they break graphs streampass handles; installed for every compile StreamPass has
+(:func:`cpu_safe_aot`, docs/versions.md). Each swaps a module attribute for the duration of a
+block (no torch file is edited), and only where the torch in use has that attribute.
+
+* ``sync_deallocations`` runs on every joint graph whose nodes carry ``custom.stream``; its
+  cost estimate imports triton, so on a CPU-only machine training graphs with stream annotations
+  crash with ``ModuleNotFoundError: triton``. The pass only serves CUDA memory
+  (``record_stream`` and deferred frees), which means nothing on CPU: skipped for graphs whose
+  tensors are all on the CPU (streampass plans CPU deallocations itself).
+* ``wrap_all_sync_nodes_with_control_deps`` threads, through the ``control_deps`` of a
+  ``wait_stream`` (and a synchronize), the inputs of the later nodes on the waiting stream. On
+  torch 2.13 the backward's are among them, the loss's incoming gradient (``tangents_1``)
+  included, so the forward's outputs depend on a backward input and AOT's partitioner fails
+  ("Node sum_2 was invalid, but is output"): any training program with ``s.wait_stream(...)``
+  in its forward, with or without streampass. The backward runs after the forward in a graph of
+  its own, so a forward wait needs to order nothing of it: those are dropped. On 2.13 and 2.14
+  a graph input that functionalization copies back into (a buffer updated on the waiting
+  stream: batch norm's running statistics, an EMA) is threaded too, and the epilogue ``copy_``
+  then writes the passthrough instead of the input, which AOT refuses ("n=copy_,
+  n.args[0]=getitem_3"): dropped as well. StreamPass orders the waiting stream's reads of
+  such an input itself (an entry wait), as it does every cross-stream dependency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+
+
+@functools.cache
+def _guarded_sync_deallocations():
+    from torch._functorch._aot_autograd import graph_capture
+
+    original = graph_capture.sync_deallocations
+
+    def sync_deallocations(gm: torch.fx.GraphModule) -> None:
+        from streampass import values  # values imports ops, which imports compat
+
+        if {d.type for d in values.graph_devices(gm)} <= {"cpu"}:
+            return None
+        return original(gm)
+
+    sync_deallocations.__wrapped__ = original
+    return graph_capture, original, sync_deallocations
+
+
+def _copied_into(node: torch.fx.Node) -> bool:
+    """Whether functionalization's epilogue copies a new value into ``node`` (an input)."""
+    return node.op == "placeholder" and any(
+        u.target is torch.ops.aten.copy_.default and u.args[0] is node for u in node.users
+    )
+
+
+@functools.cache
+def _sync_deps_guards() -> tuple:
+    """``(module, name, original, guarded)`` for each pre-pass of ``wrap_all_sync_nodes_with_
+    control_deps`` this torch has: 2.13's ``_collect_wait_stream_forward_deps`` (wait_stream ->
+    its dependencies), 2.14's ``_collect_sync_forward_deps`` (two such maps: wait_stream and
+    wait_event, and the full barriers); see the module's docstring."""
+    from torch._functorch._aot_autograd import streams
+
+    guards = []
+    original = getattr(streams, "_collect_wait_stream_forward_deps", None)
+    if original is not None:
+
+        def keep_forward(graph: torch.fx.Graph, original=original) -> dict:
+            def kept(wait: torch.fx.Node, dep: torch.fx.Node) -> bool:
+                backward_only = streams.is_bwd_node(dep) and not streams.is_bwd_node(wait)
+                return not backward_only and not _copied_into(dep)
+
+            return {w: [d for d in found if kept(w, d)] for w, found in original(graph).items()}
+
+        keep_forward.__wrapped__ = original
+        guards.append((streams, "_collect_wait_stream_forward_deps", original, keep_forward))
+    original = getattr(streams, "_collect_sync_forward_deps", None)
+    if original is not None:
+
+        def keep_inputs(graph: torch.fx.Graph, original=original) -> tuple:
+            return tuple(
+                {s: type(found)(d for d in found if not _copied_into(d)) for s, found in deps.items()}
+                for deps in original(graph)
+            )
+
+        keep_inputs.__wrapped__ = original
+        guards.append((streams, "_collect_sync_forward_deps", original, keep_inputs))
+    return tuple(guards)
+
+
+_guard_depth = 0
+
+
+def aot_guard_on() -> None:
+    """Install the guards (counted: each call needs one :func:`aot_guard_off`)."""
+    global _guard_depth
+    graph_capture, _, guarded = _guarded_sync_deallocations()
+    _guard_depth += 1
+    graph_capture.sync_deallocations = guarded
+    for module, name, _, replacement in _sync_deps_guards():
+        setattr(module, name, replacement)
+
+
+def aot_guard_off() -> None:
+    """Undo one :func:`aot_guard_on`; torch's passes are back when none is left."""
+    global _guard_depth
+    graph_capture, original, _ = _guarded_sync_deallocations()
+    _guard_depth = max(_guard_depth - 1, 0)
+    if _guard_depth == 0:
+        graph_capture.sync_deallocations = original
+        for module, name, torch_s, _ in _sync_deps_guards():
+            setattr(module, name, torch_s)
+
+
+@contextlib.contextmanager
+def cpu_safe_aot() -> Iterator[None]:
+    """Let AOT autograd trace training graphs that carry stream annotations and user syncs, on
+    CPU too (the guards above; nests).
+
+    >>> import torch, streampass as sp
+    >>> from functorch.compile import aot_function, nop
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return (y * x).sum()
+    >>> x = torch.randn(3, requires_grad=True)
+    >>> with cpu_safe_aot():
+    ...     aot_function(f, nop)(x).backward()
+    >>> x.grad.shape
+    torch.Size([3])
+    """
+    aot_guard_on()
+    try:
+        yield
+    finally:
+        aot_guard_off()
