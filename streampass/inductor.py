@@ -381,8 +381,7 @@ def _adding(pass_: StreamPass, config_value: Any):
     return post_grad_config(with_streampass(config_value, pass_))
 
 
-# The guard for torch's AOT stream passes on CPU lives in streampass.compat (docs name it here).
-cpu_safe_aot_stream_passes = cpu_safe_aot
+cpu_safe_aot_stream_passes = cpu_safe_aot  # the guards of streampass.aot_guard, by the name docs use
 
 
 __all__ = [
