@@ -243,7 +243,8 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     if indexes_a_tensor(node):
         return None if _advanced(node.args[1]) else seq
     # A chunk of split/unbind/chunk (`Tensor(a)[]`) is a view of what the list aliases.
-    if (seq.op == "call_function" and _schema_facts(seq.target).returns_alias) or _view_without_schema(seq):
+    made = _through_passthroughs(seq)
+    if (made.op == "call_function" and _schema_facts(made.target).returns_alias) or _view_without_schema(made):
         return seq
     return _graph_module_returned_input(seq, node.args[1]) if isinstance(node.args[1], int) else None
 
@@ -265,6 +266,15 @@ def _graph_module_returned_input(node: torch.fx.Node, index: int | None) -> torc
         return None
     arg = argument(node, module.graph.find_nodes(op="placeholder").index(root))
     return arg if isinstance(arg, torch.fx.Node) else None
+
+
+def _through_passthroughs(node: torch.fx.Node) -> torch.fx.Node:
+    """What ``node`` is, seen through the syncs that pass it through (the same tensor, ordered
+    after a sync): the edit re-points readers at passthroughs, which must not change what a
+    getitem of it is."""
+    while (src := passthrough_source(node)) is not None:
+        node = src
+    return node
 
 
 def _advanced(index: Any) -> bool:
@@ -289,6 +299,7 @@ def indexes_a_tensor(node: torch.fx.Node) -> bool:
     seq, index = node.args
     if not isinstance(seq, torch.fx.Node) or seq.target is CONTROL_DEPS:
         return False
+    seq = _through_passthroughs(seq)
     val = seq.meta.get("val", seq.meta.get("example_value"))
     if isinstance(val, torch.Tensor):
         return True
