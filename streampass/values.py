@@ -246,7 +246,7 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     made = _through_passthroughs(seq)
     if (made.op == "call_function" and _schema_facts(made.target).returns_alias) or _view_without_schema(made):
         return seq
-    return _graph_module_returned_input(seq, node.args[1]) if isinstance(node.args[1], int) else None
+    return _graph_module_returned_input(made, node.args[1]) if isinstance(node.args[1], int) else None
 
 
 def _graph_module_returned_input(node: torch.fx.Node, index: int | None) -> torch.fx.Node | None:

@@ -407,33 +407,33 @@ class WaitBothWays(torch.nn.Module):
             if syncs:
                 S1.wait_stream(AMB)
             with S1:
-                b = a.sum(1) * 2
+                b = self.on_side(a)
             if syncs:
                 AMB.wait_stream(S1)
-            return (b + a.mean(1)).sum()
+            return self.loss(a, b)
+
+    def on_side(self, a):
+        return a.sum(1) * 2
+
+    def loss(self, a, b):
+        return (b + a.mean(1)).sum()
 
 
-class BuffersOnTheSideStream(torch.nn.Module):
+class BuffersOnTheSideStream(WaitBothWays):
     """A batch norm (running statistics) and an EMA of the weight updated in place on the side
     stream, after it waits for the current one (timm's ModelEma on an "ema stream")."""
 
     def __init__(self):
         super().__init__()
-        self.lin, self.bn = torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16)
+        self.bn = torch.nn.BatchNorm1d(16)
         self.register_buffer("ema", torch.zeros(16, 16))
 
-    def forward(self, x):
-        syncs = torch.compiler.is_compiling()  # eager CPU streams cannot wait (no events)
-        with AMB:
-            a = self.lin(x).relu()
-            if syncs:
-                S1.wait_stream(AMB)
-            with S1:
-                b = self.bn(a)
-                self.ema.mul_(0.9).add_(self.lin.weight.detach(), alpha=0.1)
-            if syncs:
-                AMB.wait_stream(S1)
-            return (b * a).sum()
+    def on_side(self, a):
+        self.ema.mul_(0.9).add_(self.lin.weight.detach(), alpha=0.1)
+        return self.bn(a)
+
+    def loss(self, a, b):
+        return (b * a).sum()
 
 
 @pytest.mark.parametrize("make", [WaitBothWays, BuffersOnTheSideStream], ids=["wait_stream", "buffers"])
