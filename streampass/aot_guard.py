@@ -14,12 +14,14 @@ block (no torch file is edited), and only where the torch in use has that attrib
   included, so the forward's outputs depend on a backward input and AOT's partitioner fails
   ("Node sum_2 was invalid, but is output"): any training program with ``s.wait_stream(...)``
   in its forward, with or without streampass. The backward runs after the forward in a graph of
-  its own, so a forward wait needs to order nothing of it: those are dropped. On 2.13 and 2.14
-  a graph input that functionalization copies back into (a buffer updated on the waiting
-  stream: batch norm's running statistics, an EMA) is threaded too, and the epilogue ``copy_``
-  then writes the passthrough instead of the input, which AOT refuses ("n=copy_,
-  n.args[0]=getitem_3"): dropped as well. StreamPass orders the waiting stream's reads of
-  such an input itself (an entry wait), as it does every cross-stream dependency.
+  its own, so a forward wait needs to order nothing of it: those are dropped.
+* The same pass re-points every later use of a threaded value at its passthrough, the epilogue
+  ``copy_`` into a graph input included (a buffer updated on the waiting stream: batch norm's
+  running statistics, an EMA), and AOT refuses the graph ("n=copy_, n.args[0]=getitem_3";
+  torch 2.13 to 2.15 for ``wait_stream``, 2.14 keeps the input for ``wait_event`` only). After
+  the pass the copy writes the input again (:func:`streampass.transform.epilogue.
+  copy_back_into_inputs`); its reads stay threaded, so a stream's read of a buffer after it
+  waits for the stream that wrote it, outside the graph, stays after the wait.
 """
 
 from __future__ import annotations
@@ -48,20 +50,13 @@ def _guarded_sync_deallocations():
     return graph_capture, original, sync_deallocations
 
 
-def _copied_into(node: torch.fx.Node) -> bool:
-    """Whether functionalization's epilogue copies a new value into ``node`` (an input)."""
-    return node.op == "placeholder" and any(
-        u.target is torch.ops.aten.copy_.default and u.args[0] is node for u in node.users
-    )
-
-
 @functools.cache
 def _sync_deps_guards() -> tuple:
-    """``(module, name, original, guarded)`` for each pre-pass of ``wrap_all_sync_nodes_with_
-    control_deps`` this torch has: 2.13's ``_collect_wait_stream_forward_deps`` (wait_stream ->
-    its dependencies), 2.14's ``_collect_sync_forward_deps`` (two such maps: wait_stream and
-    wait_event, and the full barriers); see the module's docstring."""
-    from torch._functorch._aot_autograd import streams
+    """``(module, name, original, guarded)`` for each step of ``wrap_all_sync_nodes_with_
+    control_deps`` guarded on this torch (see the module's docstring): 2.13's pre-pass
+    ``_collect_wait_stream_forward_deps`` (wait_stream -> its dependencies), and the pass itself
+    as AOT autograd's ``graph_capture`` calls it (2.12 on)."""
+    from torch._functorch._aot_autograd import graph_capture, streams
 
     guards = []
     original = getattr(streams, "_collect_wait_stream_forward_deps", None)
@@ -69,24 +64,23 @@ def _sync_deps_guards() -> tuple:
 
         def keep_forward(graph: torch.fx.Graph, original=original) -> dict:
             def kept(wait: torch.fx.Node, dep: torch.fx.Node) -> bool:
-                backward_only = streams.is_bwd_node(dep) and not streams.is_bwd_node(wait)
-                return not backward_only and not _copied_into(dep)
+                return not (streams.is_bwd_node(dep) and not streams.is_bwd_node(wait))
 
             return {w: [d for d in found if kept(w, d)] for w, found in original(graph).items()}
 
         keep_forward.__wrapped__ = original
         guards.append((streams, "_collect_wait_stream_forward_deps", original, keep_forward))
-    original = getattr(streams, "_collect_sync_forward_deps", None)
+    original = getattr(graph_capture, "wrap_all_sync_nodes_with_control_deps", None)
     if original is not None:
 
-        def keep_inputs(graph: torch.fx.Graph, original=original) -> tuple:
-            return tuple(
-                {s: type(found)(d for d in found if not _copied_into(d)) for s, found in deps.items()}
-                for deps in original(graph)
-            )
+        def wrap_then_copy_back(gm: torch.fx.GraphModule, original=original) -> None:
+            from streampass.transform.epilogue import copy_back_into_inputs
 
-        keep_inputs.__wrapped__ = original
-        guards.append((streams, "_collect_sync_forward_deps", original, keep_inputs))
+            original(gm)
+            copy_back_into_inputs(gm.graph)  # AOT autograd recompiles the module after
+
+        wrap_then_copy_back.__wrapped__ = original
+        guards.append((graph_capture, "wrap_all_sync_nodes_with_control_deps", original, wrap_then_copy_back))
     return tuple(guards)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch._dynamo
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
+from torch._functorch._aot_autograd import graph_capture
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import streampass as sp
@@ -439,8 +439,6 @@ def test_report_is_a_structured_trace_artifact():
 # The guard for torch's AOT stream passes
 # --------------------------------------------------------------------------------------------
 def test_aot_guard_skips_cpu_graphs_only_and_restores():
-    from torch._functorch._aot_autograd import graph_capture
-
     original = graph_capture.sync_deallocations
     seen = []
     with mock.patch.object(graph_capture, "sync_deallocations", lambda gm: seen.append(gm)):
@@ -464,11 +462,11 @@ def test_aot_guard_skips_cpu_graphs_only_and_restores():
     assert graph_capture.sync_deallocations is original
 
 
-def test_sync_deps_guards_drop_backward_and_copied_back_inputs_inside_the_guard_only():
-    """torch's pre-passes of wrap_all_sync_nodes_with_control_deps (aot_guard.py) are swapped
+def test_sync_deps_guards_drop_backward_deps_of_a_forward_wait_inside_the_guard_only():
+    """torch 2.13's pre-pass of wrap_all_sync_nodes_with_control_deps (aot_guard.py) is swapped
     inside the guard and back after it: a forward wait drops what only the backward has
-    (``tangents_1``; 2.13) and an input functionalization copies back into (2.13, 2.14); a
-    backward wait keeps the backward's."""
+    (``tangents_1``) and keeps the rest, a graph input copied back into included; a backward
+    wait keeps the backward's."""
     from torch._functorch._aot_autograd import streams
 
     g = torch.fx.Graph()
@@ -478,27 +476,73 @@ def test_sync_deps_guards_drop_backward_and_copied_back_inputs_inside_the_guard_
     bw_wait = g.call_function(ops.WAIT_STREAM, (0, 1))
     bw_wait.meta["partitioner_tag"] = "is_backward"
     g.call_function(torch.ops.aten.copy_.default, (buf, x))
-    fakes = {  # what each pre-pass would return for the graph above
-        "_collect_wait_stream_forward_deps": lambda graph: {fw_wait: [x, buf, t], bw_wait: [x, buf, t]},
-        "_collect_sync_forward_deps": lambda graph: ({fw_wait: [x, buf], bw_wait: [x, t]}, {}),
-    }
-    wants = {
-        "_collect_wait_stream_forward_deps": {fw_wait: [x], bw_wait: [x, t]},
-        "_collect_sync_forward_deps": ({fw_wait: [x], bw_wait: [x, t]}, {}),
-    }
-    present = [name for name in fakes if hasattr(streams, name)]
-    originals = {name: getattr(streams, name) for name in present}
-    with contextlib.ExitStack() as stack:
-        for name in present:
-            stack.enter_context(mock.patch.object(streams, name, fakes[name]))
+    name = "_collect_wait_stream_forward_deps"
+    original = getattr(streams, name, None)
+    with mock.patch.object(streams, name, lambda graph: {fw_wait: [x, buf, t], bw_wait: [x, buf, t]}, create=True):
         aot_guard._sync_deps_guards.cache_clear()
         try:
             with spi.cpu_safe_aot_stream_passes():
-                for name in present:
-                    assert getattr(streams, name)(g) == wants[name], name
+                assert getattr(streams, name)(g) == {fw_wait: [x, buf], bw_wait: [x, buf, t]}
         finally:
             aot_guard._sync_deps_guards.cache_clear()
-    assert {name: getattr(streams, name) for name in present} == originals
+    assert getattr(streams, name, None) is original
+
+
+def _buffer_read_after_a_wait() -> tuple[torch.fx.GraphModule, dict]:
+    """``side`` (stream 1) wrote ``buf`` before the graph and computes ``y`` in it; the current
+    stream (0) waits for it, then updates ``buf`` in place: functionalization's ``add`` and its
+    epilogue ``copy_``."""
+    g = torch.fx.Graph()
+    buf, x = g.placeholder("primals_1"), g.placeholder("primals_2")
+    y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2))
+    y.meta["custom"] = {"stream": 1}
+    wait = g.call_function(ops.WAIT_STREAM, (0, 1))
+    add = g.call_function(torch.ops.aten.add.Tensor, (buf, 1))
+    copy = g.call_function(torch.ops.aten.copy_.default, (buf, add))
+    g.output((add, y))
+    for node in (buf, x, y, add):
+        node.meta["val"] = torch.zeros(4)
+    return torch.fx.GraphModule(torch.nn.Module(), g), {"buf": buf, "wait": wait, "add": add, "copy": copy}
+
+
+def _after_user_wait(node: torch.fx.Node) -> bool:
+    """Whether ``node`` depends, through its inputs, on a ``control_deps`` running a wait_stream."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        for i in n.all_input_nodes:
+            if i not in seen:
+                seen.add(i)
+                call = ops.as_sync_call(i)
+                if call is not None and call.target is ops.WAIT_STREAM:
+                    return True
+                todo.append(i)
+    return False
+
+
+@pytest.mark.skipif(
+    not hasattr(graph_capture, "wrap_all_sync_nodes_with_control_deps"),
+    reason="torch 2.11 does not wrap user syncs",
+)
+def test_a_buffer_read_after_a_wait_stays_after_it_and_is_still_copied_back_into():
+    """The guard dropped a buffer copied back into from what torch threads through a wait, and
+    with it the only ordering of its read after the wait: on CUDA the waiting stream is the
+    current one, StreamPass sees no hazard inside the graph, and inductor could read ``buf``
+    before the wait. The buffer is threaded again, and the epilogue copy writes ``buf`` itself
+    (what AOT autograd asks), before and after StreamPass."""
+    from torch._functorch._aot_autograd import streams
+
+    threads = any(hasattr(streams, f) for f in ("_collect_wait_stream_forward_deps", "_collect_sync_forward_deps"))
+    gm, n = _buffer_read_after_a_wait()
+    with spi.cpu_safe_aot_stream_passes():
+        graph_capture.wrap_all_sync_nodes_with_control_deps(gm)
+    assert n["copy"].args[0] is n["buf"]
+    assert _after_user_wait(n["add"]) == threads  # torch orders the read from 2.13 on
+    sp.run(gm)  # and StreamPass on every version (transform/user_waits.py)
+    assert n["copy"].args[0] is n["buf"] and _after_user_wait(n["add"])
+    gm, n = _buffer_read_after_a_wait()
+    graph_capture.wrap_all_sync_nodes_with_control_deps(gm)  # torch's alone loses the copy's input
+    assert (n["copy"].args[0] is not n["buf"]) == threads
 
 
 def test_a_pass_given_while_another_is_enabled_is_refused_not_dropped():
