@@ -229,3 +229,63 @@ def test_a_sync_after_the_output_is_refused():
     with pytest.raises(sp.StreamPassError, match="'record_event_default': comes after the graph's output 'output'"):
         sp.run(torch.fx.GraphModule(torch.nn.Module(), g))
     assert [n.name for n in g.nodes] == before
+
+
+def _user_wait_then_reads(sync: str) -> tuple[torch.fx.GraphModule, dict]:
+    """Stream 1 computes ``y``; the current stream (0) then waits for stream 1 (``wait_stream``,
+    or the host blocks on it: ``synchronize_stream``) and reads the inputs: ``buf`` directly,
+    through a view made before the wait, and ``w`` with what it made before the wait. Stream 1
+    may have written the inputs before the graph, which no analysis of the graph sees."""
+    g = torch.fx.Graph()
+    buf, x, w = g.placeholder("buf"), g.placeholder("x"), g.placeholder("w")
+    y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2))
+    y.meta["custom"] = {"stream": 1}
+    view = g.call_function(torch.ops.aten.view.default, (buf, [-1]))
+    made = g.call_function(torch.ops.aten.neg.default, (x,))
+    wait = g.call_function(ops.WAIT_STREAM, (0, 1)) if sync == "wait_stream" else g.call_function(ops.SYNC_STREAM, (1,))
+    reads = {
+        "direct": g.call_function(torch.ops.aten.add.Tensor, (buf, 1)),
+        "view": g.call_function(torch.ops.aten.sin.default, (view,)),
+        "with_made": g.call_function(torch.ops.aten.mul.Tensor, (made, w)),
+    }
+    g.output((y, *reads.values()))
+    return torch.fx.GraphModule(torch.nn.Module(), g), {"wait": wait, **reads}
+
+
+def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+    seen, todo = set(), [node]
+    while todo:
+        for i in todo.pop().all_input_nodes:
+            if i not in seen:
+                seen.add(i)
+                todo.append(i)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        "wait_stream",
+        pytest.param(
+            "synchronize_stream",
+            marks=pytest.mark.skipif(not ops.exists(ops.SYNC_STREAM), reason="torch 2.11 has no synchronize ops"),
+        ),
+    ],
+)
+def test_reads_of_inputs_after_a_users_wait_stay_after_it(sync):
+    """``cur.wait_stream(side); buf.add_(1)``: ``side`` wrote ``buf`` before the graph, the
+    current stream's read of it must follow the wait. Nothing inside the graph makes that a
+    hazard, so the encoding threaded nothing, and a sort (inductor's scheduler) could issue the
+    read before the wait; run and verify said ok. Each read of an input after the wait now
+    depends on it, in every topological order, and a second run changes nothing."""
+    gm, n = _user_wait_then_reads(sync)
+    sp.run(gm)
+    wait = next(w for w in gm.graph.nodes if w.name == n["wait"].name)  # wrapped, under the same name
+    for name in ("direct", "view", "with_made"):
+        assert wait in _ancestors(n[name]), name
+    code = gm.code
+    assert not sp.run(gm).changed and gm.code == code
+    for seed in range(5):
+        moved = random_topological_copy(gm, seed)
+        order = {v.name: i for i, v in enumerate(moved.graph.nodes)}
+        assert all(order[n[name].name] > order[wait.name] for name in ("direct", "view", "with_made"))

@@ -32,6 +32,7 @@ from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_
 from streampass.transform.plan import SyncPlan
 from streampass.transform.reading_after import check_order, check_region, reading_after
 from streampass.transform.subgraphs import drop_unused_body, free_attr, sync_subgraph
+from streampass.transform.user_waits import input_reads_after_user_waits
 
 Node = torch.fx.Node
 _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_default", operator.getitem: "getitem"}
@@ -193,6 +194,8 @@ class _Editor:
             for consumer, value in self.plan.protect.get(gate, ()):
                 if value is not None:
                     needs.setdefault(consumer, []).append((sync, value))
+        for consumer, pairs in input_reads_after_user_waits(order, self.stream, self.calls, self.root).items():
+            needs.setdefault(consumer, []).extend(pairs)
         stream, getitem = self.stream, operator.getitem
         chain: dict[Node, int] = {}
         count: dict[int, int] = {}
@@ -214,7 +217,7 @@ class _Editor:
                     x = ops.passthrough_source(x) if x.target is getitem else None
             todo = []
             for sync, value in needs.get(n, ()):
-                same = stream.get(sync) == s  # (a gate is a wait of its consumer's stream)
+                same = stream.get(sync, AMBIENT) == s  # (a gate is a wait of its consumer's stream)
                 uses = self._uses_to_gate(n, value, sync, index)
                 if uses is None:  # some path already passes the sync (an earlier run's reroute)
                     if same:

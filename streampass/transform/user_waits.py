@@ -1,0 +1,77 @@
+"""The order a program's own waits give: a stream's reads of graph inputs after it waits stay
+after the wait (docs/plan.md §3)."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+
+from streampass import ops
+
+Node = torch.fx.Node
+
+
+#: the syncs of a user's program a stream's later work waits behind: its own waits, and the host
+#: barriers, which hold back every later launch
+USER_WAITS = frozenset({ops.WAIT_EVENT, ops.WAIT_STREAM})
+HOST_BARRIERS = frozenset({ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
+
+
+def _input_behind(x: Node, root: dict[Node, Node]) -> Node | None:
+    """The graph input (placeholder or module tensor) whose storage ``x`` is, looking through
+    views and passthroughs; None for a tensor the graph makes."""
+    while x is not None:
+        x = root.get(x, x)
+        if x.op in ("placeholder", "get_attr"):
+            return x
+        x = ops.passthrough_source(x)
+    return None
+
+
+def input_reads_after_user_waits(order: list[Node], stream: dict[Node, int], calls: dict, root: dict) -> dict:
+    """consumer -> ``[(wait, input)]``: a node on stream ``s`` that reads a graph input after a
+    wait of ``s`` the program had (not one streampass made: those carry ``meta["streampass"]``)
+    or a host barrier must stay after it, since the wait may be for a write of that input before
+    the graph, which no analysis of the graph sees (``cur.wait_stream(side); buf.add_(1)`` with
+    ``side``'s write of ``buf`` in an earlier step). ``order``: the graph's nodes; ``calls``:
+    its stream ops. One input per consumer is enough (the encoding reads it through the latest
+    such wait; the per-stream chain orders that after the earlier ones); ``root``: each view's
+    storage (``StreamAssignment.root``). The destination of an
+    epilogue ``copy_`` is not one: AOT autograd asks that it be the input itself, and the copy's
+    source orders it.
+
+    >>> g = torch.fx.Graph(); buf = g.placeholder("buf")
+    >>> wait = g.call_function(ops.WAIT_STREAM, (0, 1)); add = g.call_function(torch.add, (buf, 1))
+    >>> _ = g.output(add); order = list(g.nodes)
+    >>> input_reads_after_user_waits(order, {}, {wait: ops.as_sync_call(wait)}, {}) == {add: [(wait, buf)]}
+    True
+    """
+    latest: dict[int, Node] = {}
+    barrier: Node | None = None
+    seen: dict[Node, int] = {}
+    out: dict[Node, list[tuple[Node, Node]]] = {}
+    for i, n in enumerate(order):
+        seen[n] = i
+        call = calls.get(n)
+        if call is not None:
+            if n.meta.get("streampass") is None and call.target in USER_WAITS:
+                latest[stream.get(n, ops.AMBIENT)] = n
+            elif n.meta.get("streampass") is None and call.target in HOST_BARRIERS:
+                barrier = n
+            continue
+        if n.op not in ops.CALL_OPS or n.target is operator.getitem:
+            continue
+        wait = latest.get(stream.get(n, ops.AMBIENT))
+        if barrier is not None and (wait is None or seen[barrier] > seen[wait]):
+            wait = barrier
+        if wait is None:
+            continue
+        inputs = ops.input_nodes(n)
+        if n.target is torch.ops.aten.copy_.default:
+            inputs = [x for x in n.args[1:] if isinstance(x, Node)]
+        found = next((v for v in (_input_behind(x, root) for x in inputs) if v is not None), None)
+        if found is not None:
+            out[n] = [(wait, found)]
+    return out
