@@ -161,7 +161,8 @@ def ideal_makespan(nodes, stream, preds, times, profile: DeviceProfile, cpu_laun
     ``preds`` on other streams have ended, with no sync issued: a lower bound on the simulated
     makespan of the same work after any sync plan. Every start is a max over earlier ends and
     issue times, so adding a sync (a gate, or CPU time in front of later launches) can only
-    delay it.
+    delay it. Streams overlap here whatever ``profile.concurrent_streams`` says: where they run
+    one after another (the "cpu" profile) the bound is looser, and still a bound.
 
     >>> from streampass.sim.cost import PROFILES
     >>> t = {"a": 10e-6, "b": 10e-6, "c": 10e-6}
