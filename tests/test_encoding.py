@@ -234,10 +234,11 @@ def test_a_sync_after_the_output_is_refused():
 def _user_wait_then_reads(sync: str) -> tuple[torch.fx.GraphModule, dict]:
     """Stream 1 computes ``y``; the current stream (0) then waits for stream 1 (``wait_stream``,
     or the host blocks on it: ``synchronize_stream``) and reads the inputs: ``buf`` directly,
-    through a view made before the wait, and ``w`` with what it made before the wait. Stream 1
-    may have written the inputs before the graph, which no analysis of the graph sees."""
+    through a view made before the wait, and ``w`` with what it made before the wait; it copies
+    that into ``dest``. Stream 1 may have used the inputs before the graph, which no analysis of
+    the graph sees."""
     g = torch.fx.Graph()
-    buf, x, w = g.placeholder("buf"), g.placeholder("x"), g.placeholder("w")
+    buf, x, w, dest = g.placeholder("buf"), g.placeholder("x"), g.placeholder("w"), g.placeholder("dest")
     y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2))
     y.meta["custom"] = {"stream": 1}
     view = g.call_function(torch.ops.aten.view.default, (buf, [-1]))
@@ -247,8 +248,9 @@ def _user_wait_then_reads(sync: str) -> tuple[torch.fx.GraphModule, dict]:
         "direct": g.call_function(torch.ops.aten.add.Tensor, (buf, 1)),
         "view": g.call_function(torch.ops.aten.sin.default, (view,)),
         "with_made": g.call_function(torch.ops.aten.mul.Tensor, (made, w)),
+        "copy": g.call_function(torch.ops.aten.copy_.default, (dest, made)),  # writes an input
     }
-    g.output((y, *reads.values()))
+    g.output((y, *(r for k, r in reads.items() if k != "copy")))
     return torch.fx.GraphModule(torch.nn.Module(), g), {"wait": wait, **reads}
 
 
@@ -281,11 +283,12 @@ def test_reads_of_inputs_after_a_users_wait_stay_after_it(sync):
     gm, n = _user_wait_then_reads(sync)
     sp.run(gm)
     wait = next(w for w in gm.graph.nodes if w.name == n["wait"].name)  # wrapped, under the same name
-    for name in ("direct", "view", "with_made"):
+    for name in ("direct", "view", "with_made", "copy"):
         assert wait in _ancestors(n[name]), name
+    assert n["copy"].args[0].op == "placeholder"  # what AOT autograd asks of a copy into an input
     code = gm.code
     assert not sp.run(gm).changed and gm.code == code
     for seed in range(5):
         moved = random_topological_copy(gm, seed)
         order = {v.name: i for i, v in enumerate(moved.graph.nodes)}
-        assert all(order[n[name].name] > order[wait.name] for name in ("direct", "view", "with_made"))
+        assert all(order[n[name].name] > order[wait.name] for name in ("direct", "view", "with_made", "copy"))

@@ -38,9 +38,9 @@ def input_reads_after_user_waits(order: list[Node], stream: dict[Node, int], cal
     ``side``'s write of ``buf`` in an earlier step). ``order``: the graph's nodes; ``calls``:
     its stream ops. One input per consumer is enough (the encoding reads it through the latest
     such wait; the per-stream chain orders that after the earlier ones); ``root``: each view's
-    storage (``StreamAssignment.root``). The destination of an
-    epilogue ``copy_`` is not one: AOT autograd asks that it be the input itself, and the copy's
-    source orders it.
+    storage (``StreamAssignment.root``). A ``copy_`` into an input (functionalization's epilogue)
+    reads its source through the wait instead, whatever made it (nothing, when it is made after
+    the wait): AOT autograd asks that the destination be the input itself.
 
     >>> g = torch.fx.Graph(); buf = g.placeholder("buf")
     >>> wait = g.call_function(ops.WAIT_STREAM, (0, 1)); add = g.call_function(torch.add, (buf, 1))
@@ -68,10 +68,11 @@ def input_reads_after_user_waits(order: list[Node], stream: dict[Node, int], cal
             wait = barrier
         if wait is None:
             continue
-        inputs = ops.input_nodes(n)
-        if n.target is torch.ops.aten.copy_.default:
-            inputs = [x for x in n.args[1:] if isinstance(x, Node)]
-        found = next((v for v in (_input_behind(x, root) for x in inputs) if v is not None), None)
+        if n.target is torch.ops.aten.copy_.default and _input_behind(n.args[0], root) is not None:
+            src = n.args[1]  # a write of the input: its source made before the wait reads through it
+            found = _input_behind(src, root) or root.get(src, src) if isinstance(src, Node) else None
+        else:
+            found = next((v for v in (_input_behind(x, root) for x in ops.input_nodes(n)) if v is not None), None)
         if found is not None:
             out[n] = [(wait, found)]
     return out
