@@ -235,8 +235,8 @@ def _user_wait_then_reads(sync: str) -> tuple[torch.fx.GraphModule, dict]:
     """Stream 1 computes ``y``; the current stream (0) then waits for stream 1 (``wait_stream``,
     or the host blocks on it: ``synchronize_stream``) and reads the inputs: ``buf`` directly,
     through a view made before the wait, and ``w`` with what it made before the wait; it copies
-    that into ``dest``. Stream 1 may have used the inputs before the graph, which no analysis of
-    the graph sees."""
+    that into ``dest``, and overwrites ``w`` with zeros made after the wait. Stream 1 may have
+    used the inputs before the graph, which no analysis of the graph sees."""
     g = torch.fx.Graph()
     buf, x, w, dest = g.placeholder("buf"), g.placeholder("x"), g.placeholder("w"), g.placeholder("dest")
     y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2))
@@ -250,8 +250,13 @@ def _user_wait_then_reads(sync: str) -> tuple[torch.fx.GraphModule, dict]:
         "with_made": g.call_function(torch.ops.aten.mul.Tensor, (made, w)),
         "copy": g.call_function(torch.ops.aten.copy_.default, (dest, made)),  # writes an input
     }
-    g.output((y, *(r for k, r in reads.items() if k != "copy")))
+    zeros = g.call_function(torch.ops.aten.full.default, ([4], 0.0))
+    reads["overwrite"] = g.call_function(torch.ops.aten.copy_.default, (w, zeros))  # buf.zero_() after the wait
+    g.output((y, *(r for k, r in reads.items() if k not in ("copy", "overwrite"))))
     return torch.fx.GraphModule(torch.nn.Module(), g), {"wait": wait, **reads}
+
+
+READS_AFTER_THE_WAIT = ("direct", "view", "with_made", "copy", "overwrite")
 
 
 def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
@@ -283,7 +288,7 @@ def test_reads_of_inputs_after_a_users_wait_stay_after_it(sync):
     gm, n = _user_wait_then_reads(sync)
     sp.run(gm)
     wait = next(w for w in gm.graph.nodes if w.name == n["wait"].name)  # wrapped, under the same name
-    for name in ("direct", "view", "with_made", "copy"):
+    for name in READS_AFTER_THE_WAIT:
         assert wait in _ancestors(n[name]), name
     assert n["copy"].args[0].op == "placeholder"  # what AOT autograd asks of a copy into an input
     code = gm.code
@@ -291,4 +296,34 @@ def test_reads_of_inputs_after_a_users_wait_stay_after_it(sync):
     for seed in range(5):
         moved = random_topological_copy(gm, seed)
         order = {v.name: i for i, v in enumerate(moved.graph.nodes)}
-        assert all(order[n[name].name] > order[wait.name] for name in ("direct", "view", "with_made", "copy"))
+        assert all(order[n[name].name] > order[wait.name] for name in READS_AFTER_THE_WAIT)
+
+
+def test_a_cond_after_a_users_wait_keeps_its_branches():
+    """A ``torch.cond`` after the program's wait, its predicate made before it: the rule above
+    took the cond's first argument with a graph input behind it, its branch (a ``get_attr`` of a
+    GraphModule), and threaded it through the wait; the branch then was no body of the cond any
+    more, was never planned, and its race stayed while run and verify said ok (review)."""
+
+    def f(buf, x):
+        return torch.cond(x.sum() > 0, lambda b: b.sin() + b, lambda b: b.cos(), (buf,))
+
+    gm = make_fx(f)(torch.ones(4), torch.ones(4))
+    g = gm.graph
+    x = next(n for n in g.nodes if n.op == "placeholder" and n.name.startswith("x"))
+    gt = next(n for n in g.nodes if n.target is torch.ops.aten.gt.Scalar)
+    with g.inserting_after(gt):
+        g.call_function(ops.WAIT_STREAM, (0, 1))
+    with g.inserting_after(gt):
+        y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2))
+        y.meta["custom"] = {"stream": 1}
+    out = next(n for n in g.nodes if n.op == "output")
+    out.args = ((out.args[0], y),)
+    sin = next(n for n in gm.true_graph_0.graph.nodes if n.target is torch.ops.aten.sin.default)
+    sin.meta["custom"] = {"stream": 2}  # a race in the branch: its add reads sin on stream 0
+    gm.true_graph_0.recompile()
+    gm.recompile()
+    assert not sp.verify(gm.true_graph_0).ok
+    assert sp.run(gm).ok
+    cond = next(n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond)
+    assert cond.args[1].op == "get_attr" and sp.verify(gm.true_graph_0).ok

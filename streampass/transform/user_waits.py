@@ -9,6 +9,7 @@ import torch
 import torch.fx
 
 from streampass import ops
+from streampass.analysis.requirements import is_tensor_value
 
 Node = torch.fx.Node
 
@@ -20,12 +21,13 @@ HOST_BARRIERS = frozenset({ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
 
 
 def _input_behind(x: Node, root: dict[Node, Node]) -> Node | None:
-    """The graph input (placeholder or module tensor) whose storage ``x`` is, looking through
-    views and passthroughs; None for a tensor the graph makes."""
+    """The graph input (a placeholder or module tensor) whose storage ``x`` is, looking through
+    views and passthroughs; None for a tensor the graph makes, and for what is no tensor (a
+    ``torch.cond`` branch, a SymInt)."""
     while x is not None:
         x = root.get(x, x)
         if x.op in ("placeholder", "get_attr"):
-            return x
+            return x if is_tensor_value(x) else None
         x = ops.passthrough_source(x)
     return None
 
@@ -38,9 +40,9 @@ def input_reads_after_user_waits(order: list[Node], stream: dict[Node, int], cal
     ``side``'s write of ``buf`` in an earlier step). ``order``: the graph's nodes; ``calls``:
     its stream ops. One input per consumer is enough (the encoding reads it through the latest
     such wait; the per-stream chain orders that after the earlier ones); ``root``: each view's
-    storage (``StreamAssignment.root``). A ``copy_`` into an input (functionalization's epilogue)
-    reads its source through the wait instead, whatever made it (nothing, when it is made after
-    the wait): AOT autograd asks that the destination be the input itself.
+    storage (``StreamAssignment.root``). A ``copy_`` (functionalization's epilogue) whose source
+    is made before the wait reads the source through it, so that it still writes the input itself
+    (what AOT autograd asks of a graph it partitions).
 
     >>> g = torch.fx.Graph(); buf = g.placeholder("buf")
     >>> wait = g.call_function(ops.WAIT_STREAM, (0, 1)); add = g.call_function(torch.add, (buf, 1))
@@ -68,9 +70,9 @@ def input_reads_after_user_waits(order: list[Node], stream: dict[Node, int], cal
             wait = barrier
         if wait is None:
             continue
-        if n.target is torch.ops.aten.copy_.default and _input_behind(n.args[0], root) is not None:
-            src = n.args[1]  # a write of the input: its source made before the wait reads through it
-            found = _input_behind(src, root) or root.get(src, src) if isinstance(src, Node) else None
+        src = n.args[1] if n.target is torch.ops.aten.copy_.default and len(n.args) > 1 else None
+        if isinstance(src, Node) and seen[src] < seen[wait] and is_tensor_value(src):
+            found = _input_behind(src, root) or root.get(src, src)  # keeps the copy's destination
         else:
             found = next((v for v in (_input_behind(x, root) for x in ops.input_nodes(n)) if v is not None), None)
         if found is not None:
