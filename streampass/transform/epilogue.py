@@ -26,7 +26,8 @@ def copy_back_into_inputs(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     use, the epilogue copy included; AOT autograd then refuses the graph, which must copy into
     the input ("n=copy_, n.args[0]=getitem_3"). torch 2.14 keeps the destination for a
     ``wait_event``'s inputs only; this does it for every sync. The copy's source, computed from
-    the passthrough, still orders it after the wait.
+    the passthrough, still orders it after the wait; one that is not (zeros: ``buf.zero_()``) is
+    ordered by StreamPass (``transform/user_waits.py``).
 
     >>> import operator
     >>> from streampass.transform.subgraphs import sync_subgraph
