@@ -327,3 +327,57 @@ def test_a_cond_after_a_users_wait_keeps_its_branches():
     assert sp.run(gm).ok
     cond = next(n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond)
     assert cond.args[1].op == "get_attr" and sp.verify(gm.true_graph_0).ok
+
+
+@pytest.mark.skipif(not ops.exists(ops.SYNC_STREAM), reason="torch 2.11 has no synchronize ops")
+@pytest.mark.parametrize("barrier_first", [True, False])
+def test_a_read_follows_both_a_host_barrier_and_its_own_streams_wait(barrier_first):
+    """Stream 1 waits for stream 3 and the host for stream 2, in either order, then stream 1
+    reads an input: the read went through the later of the two only, but a barrier is on the
+    ambient stream's chain, not stream 1's, so nothing ordered the read after the other (review)."""
+    g = torch.fx.Graph()
+    buf = g.placeholder("buf")
+    g.call_function(ops.WAIT_STREAM, (1, 0))
+    seq = [("barrier", ops.SYNC_STREAM, (2,)), ("wait", ops.WAIT_STREAM, (1, 3))]
+    syncs = {k: g.call_function(t, a) for k, t, a in (seq if barrier_first else seq[::-1])}
+    read = g.call_function(torch.ops.aten.add.Tensor, (buf, 1))
+    read.meta["custom"] = {"stream": 1}
+    g.call_function(ops.WAIT_STREAM, (0, 1))
+    g.output((read,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert sp.run(gm).ok
+    after = {n.name for n in _ancestors(read)}
+    assert {syncs["barrier"].name, syncs["wait"].name} <= after
+    code = gm.code
+    assert not sp.run(gm).changed and gm.code == code
+
+
+def test_a_submodule_call_after_a_users_wait_follows_it():
+    """symbolic_trace keeps ``self.lin(h)`` whole; it reads its own weight, which stream 1 may
+    have updated before the graph, and its argument was made before the wait: nothing ordered
+    the call after the wait (review)."""
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = x * 2
+            side = h * 5
+            return self.lin(h), side
+
+    gm = torch.fx.symbolic_trace(M())
+    side = [n for n in gm.graph.nodes if n.target is operator.mul][1]
+    side.meta["custom"] = {"stream": 1}
+    with gm.graph.inserting_after(side):
+        wait = gm.graph.call_function(ops.WAIT_STREAM, (0, 1))
+    gm.recompile()
+    x = torch.randn(2, 4)
+    expected = gm(x)
+    assert sp.run(gm).ok
+    (lin,) = gm.graph.find_nodes(op="call_module", target="lin")
+    assert wait.name in {n.name for n in _ancestors(lin)}
+    code = gm.code
+    assert not sp.run(gm).changed and gm.code == code
+    torch.testing.assert_close(gm(x), expected)

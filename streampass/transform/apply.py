@@ -180,21 +180,21 @@ class _Editor:
     def _rewires(self, order: list[Node], index, gates) -> dict[Node, list[tuple[Node, Node]]]:
         """sync node -> the uses ``(user, input)`` to read through it (in the graph as it was
         before any rerouting: ``encode`` follows ``read_as`` when an earlier wait took a use).
+        The consumers: the plan's, and the reads of graph inputs after a program's own waits.
 
         A consumer that must follow waits of its stream reads one protected value through
-        the latest of them: the per-stream chain orders that wait after the earlier ones. It
-        reads nothing through a wait at all when one of its inputs on the same stream is
-        already ordered after that wait. ``after[n]`` is the position, among the syncs of
-        ``n``'s stream, of the latest sync ``n`` is ordered after through same-stream data.
-        Passthrough getitems are looked through, so a second run reaches the same decisions
-        on the rewritten graph as the first did on the original (and changes nothing).
+        the latest of them (the per-stream chain orders it after the earlier ones), or nothing
+        when one of its same-stream inputs already follows it. ``after[n]``: the position, among
+        the syncs of ``n``'s stream, of the latest sync ``n`` follows through same-stream data.
+        Passthroughs are looked through: a second run reaches the same decisions (no change).
         """
         needs: dict[Node, list[tuple[Node, Node]]] = {}  # consumer -> [(sync node, value)]
         for sync, gate in gates.items():
             for consumer, value in self.plan.protect.get(gate, ()):
                 if value is not None:
                     needs.setdefault(consumer, []).append((sync, value))
-        for consumer, pairs in input_reads_after_user_waits(order, self.stream, self.calls, self.root).items():
+        program = input_reads_after_user_waits(order, self.stream, self.calls, self.root, self.a.hidden)
+        for consumer, pairs in program.items():
             needs.setdefault(consumer, []).extend(pairs)
         stream, getitem = self.stream, operator.getitem
         chain: dict[Node, int] = {}

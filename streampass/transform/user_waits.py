@@ -32,22 +32,25 @@ def _input_behind(x: Node, root: dict[Node, Node]) -> Node | None:
     return None
 
 
-def input_reads_after_user_waits(order: list[Node], stream: dict[Node, int], calls: dict, root: dict) -> dict:
+def input_reads_after_user_waits(order: list[Node], stream: dict, calls: dict, root: dict, hidden: dict) -> dict:
     """consumer -> ``[(wait, input)]``: a node on stream ``s`` that reads a graph input after a
     wait of ``s`` the program had (not one streampass made: those carry ``meta["streampass"]``)
     or a host barrier must stay after it, since the wait may be for a write of that input before
     the graph, which no analysis of the graph sees (``cur.wait_stream(side); buf.add_(1)`` with
     ``side``'s write of ``buf`` in an earlier step). ``order``: the graph's nodes; ``calls``:
-    its stream ops. One input per consumer is enough (the encoding reads it through the latest
-    such wait; the per-stream chain orders that after the earlier ones); ``root``: each view's
-    storage (``StreamAssignment.root``). A ``copy_`` (functionalization's epilogue) whose source
-    is made before the wait reads the source through it, so that it still writes the input itself
-    (what AOT autograd asks of a graph it partitions).
+    its stream ops; ``root``: each view's storage, and ``hidden``: what each ``call_module``
+    reads without taking it as an argument (``StreamAssignment.root``, ``.hidden``).
+
+    One input per consumer is enough: the encoding reads it through the latest such wait of its
+    stream, which the per-stream chain orders after the earlier ones, and through the latest host
+    barrier too when that is on another stream's chain (the ambient one). A ``copy_``
+    (functionalization's epilogue) whose source is made before the wait reads the source through
+    it, so that it still writes the input itself (what AOT autograd asks of a graph it partitions).
 
     >>> g = torch.fx.Graph(); buf = g.placeholder("buf")
     >>> wait = g.call_function(ops.WAIT_STREAM, (0, 1)); add = g.call_function(torch.add, (buf, 1))
     >>> _ = g.output(add); order = list(g.nodes)
-    >>> input_reads_after_user_waits(order, {}, {wait: ops.as_sync_call(wait)}, {}) == {add: [(wait, buf)]}
+    >>> input_reads_after_user_waits(order, {}, {wait: ops.as_sync_call(wait)}, {}, {}) == {add: [(wait, buf)]}
     True
     """
     latest: dict[int, Node] = {}
@@ -65,16 +68,20 @@ def input_reads_after_user_waits(order: list[Node], stream: dict[Node, int], cal
             continue
         if n.op not in ops.CALL_OPS or n.target is operator.getitem:
             continue
-        wait = latest.get(stream.get(n, ops.AMBIENT))
-        if barrier is not None and (wait is None or seen[barrier] > seen[wait]):
-            wait = barrier
-        if wait is None:
+        s = stream.get(n, ops.AMBIENT)
+        waits = [w for w in (latest.get(s), barrier) if w is not None]
+        if len(waits) == 2 and stream.get(barrier, ops.AMBIENT) == s:
+            waits = [max(waits, key=seen.__getitem__)]  # one chain: the later follows the other
+        if not waits:
             continue
+        last = max(waits, key=seen.__getitem__)
         src = n.args[1] if n.target is torch.ops.aten.copy_.default and len(n.args) > 1 else None
-        if isinstance(src, Node) and seen[src] < seen[wait] and is_tensor_value(src):
+        if isinstance(src, Node) and seen[src] < seen[last] and is_tensor_value(src):
             found = _input_behind(src, root) or root.get(src, src)  # keeps the copy's destination
         else:
             found = next((v for v in (_input_behind(x, root) for x in ops.input_nodes(n)) if v is not None), None)
+        if found is None:  # a call_module reads its own parameters and buffers
+            found = next((r for roots in hidden.get(n, ()) for r in roots), None)
         if found is not None:
-            out[n] = [(wait, found)]
+            out[n] = [(w, found) for w in waits]
     return out
