@@ -67,3 +67,14 @@ def reserve_stream_indices(n: int) -> None:
     table.reset_user_object_tracking()
     for _ in range(n):
         table.register_graph_created_object(torch.Stream("cpu"), lambda index, cg: None)
+
+
+def ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+    """Every node ``node`` depends on through its inputs (what any topological order puts first)."""
+    seen, todo = set(), [node]
+    while todo:
+        for i in todo.pop().all_input_nodes:
+            if i not in seen:
+                seen.add(i)
+                todo.append(i)
+    return seen

@@ -17,6 +17,7 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass import compat, ops
 
+from graphs import ancestors
 from reference import compile_and_compare, job, planned_syncs
 
 aten = torch.ops.aten
@@ -477,16 +478,6 @@ class ResetAfterWait(torch.nn.Module):
             return a + self.ema
 
 
-def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
-    seen, todo = set(), [node]
-    while todo:
-        for i in todo.pop().all_input_nodes:
-            if i not in seen:
-                seen.add(i)
-                todo.append(i)
-    return seen
-
-
 @pytest.mark.skipif(not compat.STREAM_METHODS_ARE_OPS, reason="torch 2.11 runs wait_stream while tracing")
 def test_buffers_written_after_a_wait_stream_stay_after_it():
     """The copies back into the buffers follow the user's wait in the graph inductor schedules:
@@ -501,7 +492,7 @@ def test_buffers_written_after_a_wait_stream_stay_after_it():
     waits = [n for n in graph.nodes if (c := ops.as_sync_call(n)) is not None and c.target is ops.WAIT_STREAM]
     copies = graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
     assert len(waits) == 1 and len(copies) == 2
-    assert all(waits[0] in _ancestors(c) for c in copies)
+    assert all(waits[0] in ancestors(c) for c in copies)
 
 
 class ParallelBlock(torch.nn.Module):

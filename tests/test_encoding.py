@@ -12,6 +12,7 @@ import streampass as sp
 from streampass import ops
 from streampass.synthetic import random_stream_graph
 
+from graphs import ancestors
 from reorder import random_topological_copy
 
 
@@ -259,16 +260,6 @@ def _user_wait_then_reads(sync: str) -> tuple[torch.fx.GraphModule, dict]:
 READS_AFTER_THE_WAIT = ("direct", "view", "with_made", "copy", "overwrite")
 
 
-def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
-    seen, todo = set(), [node]
-    while todo:
-        for i in todo.pop().all_input_nodes:
-            if i not in seen:
-                seen.add(i)
-                todo.append(i)
-    return seen
-
-
 @pytest.mark.parametrize(
     "sync",
     [
@@ -289,7 +280,7 @@ def test_reads_of_inputs_after_a_users_wait_stay_after_it(sync):
     sp.run(gm)
     wait = next(w for w in gm.graph.nodes if w.name == n["wait"].name)  # wrapped, under the same name
     for name in READS_AFTER_THE_WAIT:
-        assert wait in _ancestors(n[name]), name
+        assert wait in ancestors(n[name]), name
     assert n["copy"].args[0].op == "placeholder"  # what AOT autograd asks of a copy into an input
     code = gm.code
     assert not sp.run(gm).changed and gm.code == code
@@ -346,7 +337,7 @@ def test_a_read_follows_both_a_host_barrier_and_its_own_streams_wait(barrier_fir
     g.output((read,))
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     assert sp.run(gm).ok
-    after = {n.name for n in _ancestors(read)}
+    after = {n.name for n in ancestors(read)}
     assert {syncs["barrier"].name, syncs["wait"].name} <= after
     code = gm.code
     assert not sp.run(gm).changed and gm.code == code
@@ -377,7 +368,7 @@ def test_a_submodule_call_after_a_users_wait_follows_it():
     expected = gm(x)
     assert sp.run(gm).ok
     (lin,) = gm.graph.find_nodes(op="call_module", target="lin")
-    assert wait.name in {n.name for n in _ancestors(lin)}
+    assert wait.name in {n.name for n in ancestors(lin)}
     code = gm.code
     assert not sp.run(gm).changed and gm.code == code
     torch.testing.assert_close(gm(x), expected)
