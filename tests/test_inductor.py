@@ -22,7 +22,7 @@ from streampass import aot_guard, ops
 from streampass.compat import post_grad_config
 from streampass.ops import AMBIENT
 
-from graphs import reserve_stream_indices, wrap_syncs_in_control_deps
+from graphs import ancestors, reserve_stream_indices, wrap_syncs_in_control_deps
 
 # --------------------------------------------------------------------------------------------
 # Scenarios: each takes ``ctx(k)``, the way a block says "run on stream k".
@@ -507,17 +507,7 @@ def _buffer_read_after_a_wait() -> tuple[torch.fx.GraphModule, dict]:
 
 def _after_user_wait(node: torch.fx.Node) -> bool:
     """Whether ``node`` depends, through its inputs, on a ``control_deps`` running a wait_stream."""
-    seen, todo = set(), [node]
-    while todo:
-        n = todo.pop()
-        for i in n.all_input_nodes:
-            if i not in seen:
-                seen.add(i)
-                call = ops.as_sync_call(i)
-                if call is not None and call.target is ops.WAIT_STREAM:
-                    return True
-                todo.append(i)
-    return False
+    return any((c := ops.as_sync_call(n)) is not None and c.target is ops.WAIT_STREAM for n in ancestors(node))
 
 
 @pytest.mark.skipif(
