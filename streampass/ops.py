@@ -171,6 +171,29 @@ def subgraph_module(node: torch.fx.Node) -> torch.fx.GraphModule | None:
     return None
 
 
+#: the attribute-name prefix of the subgraphs that wrap the syncs streampass adds (a program's own
+#: syncs it wraps get ``streampass_<op>_<n>``): what tells the two apart once ``meta`` is gone, in
+#: a graph rebuilt from its code (unpickling does that)
+ADDED_SYNC_PREFIX = "streampass_added_"
+
+
+def added_by_streampass(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a sync streampass added (not one the program had): marked so in its
+    ``meta``, or wrapped in a subgraph named for such syncs.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> body = g.get_attr(ADDED_SYNC_PREFIX + "wait_event_0")
+    >>> added_by_streampass(g.call_function(CONTROL_DEPS, ((x,), body, 7, 0)))
+    True
+    >>> added_by_streampass(g.call_function(WAIT_EVENT, (7, 0)))
+    False
+    """
+    if node.meta.get("streampass") is not None:
+        return True
+    body = node.args[1] if node.target is CONTROL_DEPS and len(node.args) > 1 else None
+    return isinstance(body, torch.fx.Node) and body.op == "get_attr" and str(body.target).startswith(ADDED_SYNC_PREFIX)
+
+
 def is_sync_subgraph(graph: torch.fx.Graph) -> bool:
     """Whether ``graph`` is the body of a ``control_deps`` sync: one stream op, its inputs as
     placeholders, and an output that returns the op's result (alone or first, followed by

@@ -282,7 +282,7 @@ class _Editor:
                 all_pass, old_body = old_pass + new_pass, wrapped.args[1]
                 wrapped.args = (
                     tuple(wrapped.args[0]) + tuple(missing),
-                    self._subgraph(call, len(all_pass)),
+                    self._subgraph(call, len(all_pass), ops.added_by_streampass(wrapped)),
                     *call.args,
                     *all_pass,
                 )
@@ -295,7 +295,7 @@ class _Editor:
         if self.placeholders and not any(reads_an_input(n, self.reads_input) for n in (*deps, *passthrough)):
             deps = [*deps, self.placeholders[0]]  # else a re-trace (unpickling) runs the sync at trace time
         # The plain sync node becomes its own wrapper (no new node): same name, place and meta.
-        getter = self._subgraph(call, len(passthrough))
+        getter = self._subgraph(call, len(passthrough), ops.added_by_streampass(sync))
         sync.target = ops.CONTROL_DEPS
         sync.args = (tuple(deps), getter, *call.args, *passthrough)
         if sync.kwargs:
@@ -305,17 +305,17 @@ class _Editor:
         self._reroute(sync, passthrough, rewires)
         return sync
 
-    def _subgraph(self, call: ops.SyncCall, n_pass: int) -> Node:
+    def _subgraph(self, call: ops.SyncCall, n_pass: int, added: bool) -> Node:
         """The get_attr node of the shared subgraph ``(*int_args, *passthrough) -> (op(...), *passthrough)``.
 
         One subgraph serves every sync with the same op and passthrough count: the event and
         stream indices are arguments, not constants, so thousands of syncs share a handful
-        of subgraph modules.
+        of subgraph modules. Those of the syncs streampass ``added`` are named apart.
         """
-        key = (call.target, len(call.args), n_pass)
+        key = (call.target, len(call.args), n_pass, added)
         getter = self.subgraphs.get(key)
         if getter is None:
-            attr = free_attr(self.gm, f"streampass_{call.name}_{n_pass}")
+            attr = free_attr(self.gm, f"{ops.ADDED_SYNC_PREFIX if added else 'streampass_'}{call.name}_{n_pass}")
             self.gm.add_submodule(attr, sync_subgraph(self.gm, call.target, len(call.args), n_pass))
             where = self.placeholders[-1] if self.placeholders else None
             with self.graph.inserting_after(where) if where is not None else self.graph.inserting_before(None):

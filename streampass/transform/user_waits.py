@@ -34,7 +34,7 @@ def _input_behind(x: Node, root: dict[Node, Node]) -> Node | None:
 
 def input_reads_after_user_waits(order: list[Node], stream: dict, calls: dict, root: dict, hidden: dict) -> dict:
     """consumer -> ``[(wait, input)]``: a node on stream ``s`` that reads a graph input after a
-    wait of ``s`` the program had (not one streampass made: those carry ``meta["streampass"]``)
+    wait of ``s`` the program had (not one streampass added: :func:`ops.added_by_streampass`)
     or a host barrier must stay after it, since the wait may be for a write of that input before
     the graph, which no analysis of the graph sees (``cur.wait_stream(side); buf.add_(1)`` with
     ``side``'s write of ``buf`` in an earlier step). ``order``: the graph's nodes; ``calls``:
@@ -61,9 +61,9 @@ def input_reads_after_user_waits(order: list[Node], stream: dict, calls: dict, r
         seen[n] = i
         call = calls.get(n)
         if call is not None:
-            if n.meta.get("streampass") is None and call.target in USER_WAITS:
+            if call.target in USER_WAITS and not ops.added_by_streampass(n):
                 latest[stream.get(n, ops.AMBIENT)] = n
-            elif n.meta.get("streampass") is None and call.target in HOST_BARRIERS:
+            elif call.target in HOST_BARRIERS and not ops.added_by_streampass(n):
                 barrier = n
             continue
         if n.op not in ops.CALL_OPS or n.target is operator.getitem:
