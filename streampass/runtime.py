@@ -33,6 +33,7 @@ from torch._dynamo import graph_bytecode_inputs as table
 from streampass import values
 from streampass.analysis.reading import read_streams
 from streampass.ops import AMBIENT
+from streampass.transform import saved_streams
 from streampass.transform.plan import EVENT_BASE
 
 
@@ -270,7 +271,7 @@ def install(gm: torch.fx.GraphModule) -> None:
     # Copies get the hooks too. GraphModule.__deepcopy__ drops forward hooks but runs (and
     # keeps) its deepcopy hooks; unpickling rebuilds the module from its code, without hooks or
     # meta, so the class of this one instance (GraphModule makes one per instance) reduces to
-    # a call that puts them back.
+    # a call that puts them back, with the nodes' streams.
     if install not in getattr(gm, "_deepcopy_hooks", ()) and hasattr(gm, "_register_deepcopy_hook"):
         gm._register_deepcopy_hook(install)
     cls = type(gm)
@@ -280,12 +281,13 @@ def install(gm: torch.fx.GraphModule) -> None:
 
 def _reduce_installed(gm: torch.fx.GraphModule):
     rebuild, args = super(type(gm), gm).__reduce__()[:2]
-    return _rebuild_installed, (rebuild, args, state(gm)["external_events"])
+    return _rebuild_installed, (rebuild, args, state(gm)["external_events"], saved_streams.side_streams(gm))
 
 
-def _rebuild_installed(rebuild, args, external_events) -> torch.fx.GraphModule:
+def _rebuild_installed(rebuild, args, external_events, streams=None) -> torch.fx.GraphModule:
     gm = rebuild(*args)
     state(gm)["external_events"] = tuple(external_events)
+    saved_streams.restore_side_streams(gm, streams or {})  # None: pickled before streams were kept
     install(gm)
     return gm
 

@@ -146,6 +146,37 @@ def _saved(module) -> bytes:
     return buf.getvalue()
 
 
+def _streams_in_order(gm) -> list[tuple[str, int]]:
+    a = sp.read_streams(gm)
+    return [(str(n.target), a.stream.get(n, 0)) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_a_loaded_graph_keeps_its_streams_and_a_second_run_adds_nothing():
+    """Unpickling rebuilds a graph from its code, without ``meta``: its calls must come back on
+    their streams (they came back on the ambient one: one stream on CUDA, and a second run planned
+    for that), and streampass's own waits must still be told from the program's, whose later
+    reads of inputs a run orders after them (else the second run threads ``x.cos()`` through the
+    wait the first one added)."""
+
+    def f(x, w):
+        with sp.stream(1):
+            a = (x @ w).relu()
+        return x.sin() + a, x.cos()
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = make_fx(f)(x, w)
+    assert sp.run(gm).ok
+    loaded = torch.load(io.BytesIO(_saved(gm)), weights_only=False)
+    assert _streams_in_order(loaded) == _streams_in_order(gm)
+    assert ("aten.mm.default", 1) in _streams_in_order(loaded)
+    before = loaded.code
+    assert sp.run(loaded).ok
+    assert loaded.code == before
+    torch.testing.assert_close(loaded(x, w), f(x, w))
+    twice = torch.load(io.BytesIO(_saved(loaded)), weights_only=False)
+    assert _streams_in_order(twice) == _streams_in_order(gm)
+
+
 class ScalesOnSide(torch.nn.Module):
     def __init__(self, only_weight: bool):
         super().__init__()
