@@ -31,7 +31,7 @@ from streampass.ops import AMBIENT
 from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_thread, reads_an_input
 from streampass.transform.plan import SyncPlan
 from streampass.transform.reading_after import check_order, check_region, reading_after
-from streampass.transform.subgraphs import drop_unused_body, free_attr, sync_subgraph
+from streampass.transform.subgraphs import drop_unused_body, free_attr, set_wrapper_val, sync_subgraph
 from streampass.transform.user_waits import input_reads_after_user_waits
 
 Node = torch.fx.Node
@@ -40,10 +40,8 @@ _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_
 
 def _set_stream(node: Node, s: int) -> None:
     """Annotate ``node`` with stream ``s`` (ambient nodes carry no stream annotation)."""
-    custom = dict(node.meta.get("custom") or {})
-    if s == AMBIENT:
-        custom.pop("stream", None)
-    else:
+    custom = {k: v for k, v in (node.meta.get("custom") or {}).items() if k != "stream"}
+    if s != AMBIENT:
         custom["stream"] = s
     if custom:
         node.meta["custom"] = custom
@@ -323,6 +321,7 @@ class _Editor:
         return getter
 
     def _reroute(self, wrapped: Node, passthrough: list[Node], rewires) -> None:
+        set_wrapper_val(wrapped)
         outs: dict[Node, Node] = {}
         for user in wrapped.users:
             if (

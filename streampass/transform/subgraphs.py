@@ -18,9 +18,17 @@ def sync_subgraph(owner: torch.nn.Module, target, n_int: int, n_pass: int) -> to
     ints = [g.placeholder(f"index_{i}") for i in range(n_int)]
     phs = [g.placeholder(f"dep_{i}") for i in range(n_pass)]
     result = g.call_function(target, tuple(ints))
+    result.meta["val"] = None  # what dynamo gives a stream op; inductor's lowering reads it (2.11)
     g.output((result, *phs))
     # Lazy: the subgraph's Python code is generated on first call, not for every sync we add.
     return _LazyGraphModule(owner, g, class_name="StreamSync")
+
+
+def set_wrapper_val(wrapper: Node) -> None:
+    """Give a ``control_deps`` sync the fake value of what it returns, ``(None, *passthroughs)``:
+    inductor's ``FakeTensorUpdater`` re-derives each getitem from it (torch 2.12 indexes it, and
+    a wrapper that gained a passthrough kept a tuple one short)."""
+    wrapper.meta["val"] = (None, *(p.meta.get("val") for p in ops.passthrough_values(wrapper)))
 
 
 def drop_unused_body(gm: torch.fx.GraphModule, body) -> bool:
