@@ -10,6 +10,10 @@
 * :func:`graph_kind`: torch 2.11 and 2.12 do not tell a post-grad pass whether a graph is inference.
 * ``control_deps`` (inductor's ordering wrapper, which streampass puts syncs in): torch 2.11
   can neither call it eagerly nor keeps it through dead-code elimination; both are given here.
+* :data:`INDUCTOR_ISSUES_ON_STREAMS`, :data:`LOWERING_ORDERS_AFTER_SYNCS`,
+  :data:`LOWERING_ORDERS_PASSTHROUGH_READERS`: inductor issues kernels on their streams from torch
+  2.12, orders work after a sync in ``control_deps`` from 2.13, and the readers of its passthrough
+  outputs after it from 2.14 (2.13: ``wait_stream``'s only); :mod:`streampass.transform.inductor_order`.
 * ``streampass.aot_guard``: torch's own AOT stream passes, guarded where they break training graphs
   (triton on CPU; a forward ``wait_stream`` on 2.13, a buffer updated after one on 2.13 and 2.14).
 
@@ -19,15 +23,31 @@ Checked on torch 2.11.0, 2.12.0, 2.13.0, 2.14.1 and 2.15.0 (tests/test_compat.py
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 import torch._dynamo.variables.streams
+import torch._inductor.ir
+import torch._inductor.lowering
+import torch._inductor.scheduler
 from torch._inductor import custom_graph_pass as _cgp
 
 #: whether dynamo traces ``Stream.synchronize`` / ``Stream.wait_stream`` to stream ops (torch >=
 #: 2.12). torch 2.11 records them as method calls that AOT autograd runs while tracing, so no
 #: post-grad pass sees them (and on CPU, ``wait_stream`` fails in torch itself).
 STREAM_METHODS_ARE_OPS = hasattr(torch.ops.streams, "synchronize_stream")
+#: whether inductor issues each kernel on its node's ``custom.stream`` (torch >= 2.12; 2.11 issues
+#: every kernel on the current stream)
+INDUCTOR_ISSUES_ON_STREAMS = hasattr(torch._inductor.scheduler.Scheduler, "_populate_stream_assignments")
+#: whether inductor's ``control_deps`` lowering orders what follows a sync after it (torch >= 2.13
+#: tracks the sync, which has no output, by name; 2.12 drops it, and hoists the syncs past kernels)
+LOWERING_ORDERS_AFTER_SYNCS = "_void_ctrl_dep_op_names" in inspect.getsource(
+    torch._inductor.lowering.control_deps_op_lowering
+)
+#: whether inductor's ``control_deps`` lowering orders the readers of a sync's passthrough
+#: outputs after the sync (its ``OrderingBarrier``, torch >= 2.14); before, a reader's kernel could
+#: be fused into one issued before the wait (:mod:`streampass.transform.inductor_order`)
+LOWERING_ORDERS_PASSTHROUGH_READERS = hasattr(torch._inductor.ir, "OrderingBarrier")
 #: whether inductor takes a list of post-grad custom passes (torch >= 2.13)
 POST_GRAD_TAKES_LISTS = hasattr(_cgp, "get_custom_graph_passes")
 #: the base class of StreamPass: inductor passes ``is_inference`` to it where it can

@@ -17,12 +17,13 @@ from typing import Any
 import torch
 import torch.fx
 
-from streampass import ops, runtime
+from streampass import compat, ops, runtime
 from streampass.analysis.reading import StreamAssignment, read_streams
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import snapshot
+from streampass.transform.inductor_order import one_stream, order_readers_after_waits
 from streampass.transform.subgraphs import own_sync_body
 
 __all__ = ["RUNTIME_SYNCS", "STREAM_KEY", "SYNC", "lower_for_cpu", "lower_for_gpu", "sync"]
@@ -199,7 +200,7 @@ def lower_for_gpu(gm: torch.fx.GraphModule, assignment: StreamAssignment | None 
     >>> len(shared)  # 4 records and 4 waits share two subgraphs
     2
     >>> lower_for_gpu(gm)
-    >>> syncs = [n for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS]
+    >>> syncs = [n for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS and ops.as_sync_call(n)]
     >>> len({n.args[1].target for n in syncs}), all(n.args[0] for n in syncs)  # own copy each, deps non-empty
     (8, True)
     >>> from streampass.transform.plan import EVENT_BASE
@@ -222,6 +223,10 @@ def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None
         getter = own_sync_body(gm, node, "streampass_sync")
         deps = tuple(node.args[0]) or tuple(tensor_inputs[:1])
         node.args = (deps, getter, *node.args[2:])
+    if compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_AFTER_SYNCS:
+        one_stream(gm)  # torch 2.12
+    elif compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_PASSTHROUGH_READERS:
+        order_readers_after_waits(gm)  # torch 2.13
     _drop_unused_subgraphs(gm)
     graph.lint()
     gm.recompile()

@@ -1,0 +1,192 @@
+"""The GPU ("native") lowering, compiled on CPU: where inductor's schedule puts kernels and syncs.
+
+On a GPU, StreamPass hands inductor its syncs in ``control_deps`` and inductor issues each kernel on
+its node's stream. Which kernel comes before which wait is decided by inductor's scheduler, the same
+on any device, so a CPU can check it: these tests compile with the GPU lowering and read the
+generated code (which cannot run here: CPU codegen does not define its stream variables). The
+check (:func:`unwaited_reads`) is a small race detector for that code: a kernel that reads a buffer
+a kernel of another stream wrote must come after a wait on an event recorded after that write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pathlib
+import re
+import warnings
+
+import pytest
+import torch
+
+import streampass as sp
+import streampass.inductor as spi
+from streampass import compat
+
+_CONTEXT = re.compile(r"^\s*with (?:torch\.cuda\.stream\()?(\w+)\)?:$")
+_SYNC = re.compile(r"torch\.ops\.streams\.(record_event|wait_event)\.default\((\d+), (\d+)\)")
+#: syncs that cover every write issued before them (a ``wait_stream`` records as it is issued)
+_BARRIER = re.compile(r"torch\.ops\.streams\.(wait_stream|synchronize_\w+)\.default\(")
+_KERNEL = re.compile(r"^\s*(cpp_fused_\w+|extern_kernels\.\w+)\((.*)\)$")
+_NAME = re.compile(r"\b(buf\d+|arg\d+_\d+)\b")
+
+
+def unwaited_reads(code: str) -> list[str]:
+    """Each read, in generated code, of a buffer another stream's kernel wrote with no wait
+    between them on an event recorded after the write, nor a ``wait_stream`` or host barrier:
+    ``"kernel reads buf (written by kernel)"``. Streams are told apart by their ``with`` blocks;
+    which stream a sync names is not checked (the scheduler's order is what this is for).
+
+    >>> code = '''def call(self, args):
+    ...     with stream1:
+    ...         k0(arg0_1, buf0)
+    ...     with stream2:
+    ...         k1(buf0, buf1)
+    ... '''.replace("k0", "cpp_fused_k0").replace("k1", "cpp_fused_k1")
+    >>> unwaited_reads(code)
+    ['cpp_fused_k1 reads buf0 (written by cpp_fused_k0)']
+    """
+    body = code[code.index("def call(") :]
+    context, writer, found = "", {}, []
+    records: dict[int, list[int]] = {}
+    waits: list[tuple[int, int]] = []
+    barriers: list[int] = []
+    for i, line in enumerate(body.splitlines()):
+        if m := _CONTEXT.match(line):
+            context = m.group(1)
+        elif m := _SYNC.search(line):
+            kind, event = m.group(1), int(m.group(2))
+            if kind == "record_event":
+                records.setdefault(event, []).append(i)
+            else:
+                waits.append((i, event))
+        elif _BARRIER.search(line):
+            barriers.append(i)
+        elif m := _KERNEL.match(line):
+            kernel, names = m.group(1), _NAME.findall(m.group(2))
+            for name in names:
+                if name not in writer:
+                    continue
+                at, ctx, by = writer[name]
+                covered = any(at < w < i and any(at < r < w for r in records.get(e, ())) for w, e in waits)
+                covered = covered or any(at < b < i for b in barriers)
+                if ctx != context and not covered:
+                    found.append(f"{kernel} reads {name} (written by {by})")
+            for name in names:  # a kernel's buffers not written before are its outputs
+                if name.startswith("buf") and name not in writer:
+                    writer[name] = (i, context, kernel)
+        elif m := re.match(r"^\s*(buf\d+) = (buf\d+); del \2", line):
+            writer.pop(m.group(1), None)  # a reused buffer: written anew by its next kernel
+    return found
+
+
+def kernel_streams(code: str) -> set[str]:
+    """The stream variables (``with stream1:``) the generated code issues kernels in."""
+    context, found = "", set()
+    for line in code[code.index("def call(") :].splitlines():
+        if m := _CONTEXT.match(line):
+            context = m.group(1)
+        elif _KERNEL.match(line):
+            found.add(context)
+    return found
+
+
+def native_code(monkeypatch, fn, *args) -> str:
+    """The code inductor generates for ``fn`` under StreamPass with the GPU lowering."""
+    monkeypatch.setattr(spi, "_gpu", lambda device: True)
+    # the code cannot run on CPU: undefined stream variables, CPU streams and events
+    with spi.enabled(), contextlib.suppress(NameError, RuntimeError, AssertionError):
+        torch.compile(fn)(*args)
+    codes = generated()
+    assert len(codes) == 1, f"{len(codes)} generated modules"
+    return codes[0]
+
+
+def generated() -> list[str]:
+    """The modules inductor generated in this test's cache directory."""
+    files = glob.glob(os.environ["TORCHINDUCTOR_CACHE_DIR"] + "/**/*.py", recursive=True)
+    return [c for c in (pathlib.Path(f).read_text() for f in files) if "def call(" in c]
+
+
+AMB, SIDE = torch.Stream("cpu"), torch.Stream("cpu")
+
+
+def users_wait(x, buf):
+    """A user's ``e.wait()`` between two reads that inductor can fuse (``a`` before, ``b`` after)."""
+    with AMB:
+        e = torch.Event()
+        with SIDE:
+            y = x + 1
+            e.record()
+        a = x * 2
+        e.wait()
+        b = buf * 3 + y
+        return a, b
+
+
+def streampass_wait(x):
+    """No user sync: streampass's own wait between ``a`` and ``x * y``, which share ``x``."""
+    with sp.stream(1):
+        y = x.sin()
+    a = x * 2
+    return a, x * y
+
+
+def branches(x, w1, w2):
+    with sp.stream(1):
+        a = torch.relu(x @ w1)
+    with sp.stream(2):
+        b = torch.sigmoid(x @ w2)
+    return a + b
+
+
+PROGRAMS = {
+    "users_wait": (users_wait, lambda: (torch.randn(64), torch.randn(64))),
+    "streampass_wait": (streampass_wait, lambda: (torch.randn(64),)),
+    "branches": (branches, lambda: tuple(torch.randn(16, 16) for _ in range(3))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_no_kernel_reads_another_streams_buffer_before_its_wait(fresh_caches, monkeypatch, name):
+    """Before the fix, on torch 2.12 and 2.13, ``users_wait`` and ``streampass_wait`` fused the read
+    after the wait into the kernel before it (plain torch 2.13 does that with ``users_wait`` too)."""
+    fn, make = PROGRAMS[name]
+    code = native_code(monkeypatch, fn, *make())
+    assert "wait_event" in code
+    assert unwaited_reads(code) == []
+
+
+def test_kernels_stay_on_their_streams_where_inductor_orders_them_after_syncs(fresh_caches, monkeypatch):
+    """torch 2.12's ``control_deps`` lowering keeps no edge to a sync, so no graph edit orders a
+    kernel after one: there StreamPass issues the kernels on one stream, and says so."""
+    fn, make = PROGRAMS["branches"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = native_code(monkeypatch, fn, *make())
+    one = compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_AFTER_SYNCS
+    assert any("issued on one stream" in str(w.message) for w in caught) == one
+    if compat.INDUCTOR_ISSUES_ON_STREAMS:  # 2.11 issues every kernel on the current stream
+        assert len(kernel_streams(code)) == (1 if one else 3)
+    assert unwaited_reads(code) == []
+
+
+def _corpus():
+    from test_corpus import HERE
+
+    return [p for p in HERE if p.raises is None]
+
+
+@pytest.mark.parametrize("p", _corpus(), ids=lambda p: p.name)
+def test_pytorchs_user_stream_programs_read_no_buffer_before_its_wait(fresh_caches, monkeypatch, p):
+    """PyTorch's user-stream programs (tests/user_stream_programs.py), forward graphs, through the
+    GPU lowering: the generated code (where there is one: some programs compute nothing) has no
+    unwaited cross-stream read."""
+    from test_corpus import _inputs, _target
+
+    _, fn = _target(p)
+    monkeypatch.setattr(spi, "_gpu", lambda device: True)
+    with spi.enabled(), contextlib.suppress(NameError, RuntimeError, AssertionError):
+        torch.compile(fn, fullgraph=p.fullgraph)(*_inputs(p))
+    assert [r for c in generated() for r in unwaited_reads(c)] == []
