@@ -9,9 +9,9 @@ import torch
 from torch.fx import traceback as fx_traceback
 
 from streampass.compat import inlined_only
-from streampass.errors import StreamPassError
+from streampass.errors import StreamIndexError
 from streampass.ops import SP_STREAM_KEY as MARK
-from streampass.ops import check_stream_index
+from streampass.ops import stream_index_problem
 from streampass.transform.plan import EVENT_BASE
 
 #: ``sp.stream(k)`` takes ``k`` below this: the indices above are streampass's own (the streams
@@ -46,15 +46,16 @@ def stream(k: int):
     >>> stream(2**20)
     Traceback (most recent call last):
       ...
-    streampass.errors.StreamPassError: sp.stream(1048576): indices above 524287 are streampass's own streams and events
+    streampass.errors.StreamIndexError: sp.stream(1048576): indices above 524287 are streampass's own streams and events
     """
     if torch.compiler.is_dynamo_compiling():
         k = _specialized(k)
-    k = check_stream_index(k)  # a plain int, as the graph keeps it
-    if k > MAX_USER_STREAM:
-        raise StreamPassError(
-            f"sp.stream({k}): indices above {MAX_USER_STREAM} are streampass's own streams and events"
-        )
+    problem = stream_index_problem(k)
+    if problem is None and k > MAX_USER_STREAM:
+        problem = f"sp.stream({k}): indices above {MAX_USER_STREAM} are streampass's own streams and events"
+    if problem is not None:
+        raise StreamIndexError(problem)
+    k = int(k)  # a plain int, as the graph keeps it
     if torch.compiler.is_dynamo_compiling():
         # dynamo understands annotate() itself; a generator context manager would be inlined.
         # MARK tells this block's nodes from those of a torch.Stream block, whose index dynamo

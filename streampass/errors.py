@@ -20,5 +20,24 @@ class StreamPassError(ValueError):
         super().__init__(f"node {node!r}: {message}" if node is not None else message)
 
 
+class StreamIndexError(StreamPassError):
+    """A stream index ``sp.stream`` refuses. It is raised where dynamo may be tracing, which cannot
+    run :class:`StreamPassError`'s constructor: this one is ``ValueError``'s own, so that under
+    ``torch.compile(fullgraph=True)`` dynamo reports "raised exception StreamIndexError('...')"
+    (as it reports any exception in a full graph), and without ``fullgraph`` it reaches the caller.
+
+    >>> err = StreamIndexError("stream index must be >= 0, got -1")
+    >>> isinstance(err, StreamPassError), err.node, err.rule
+    (True, None, 'stream index must be >= 0, got -1')
+    """
+
+    __init__ = ValueError.__init__
+    node = None
+
+    @property
+    def rule(self) -> str:
+        return str(self)
+
+
 class StreamPassWarning(UserWarning):
     """A program streampass compiles as written but probably not as meant (it names the node)."""

@@ -34,6 +34,23 @@ MAX_INDEX = 2**63 - 1  # the stream ops take SymInt: an int64
 CALL_OPS = ("call_function", "call_method", "call_module")
 
 
+def stream_index_problem(k: object) -> str | None:
+    """Why ``k`` is no stream index, or None if it is one. Safe to call while dynamo traces (a
+    tensor is not printed).
+
+    >>> stream_index_problem(3) is None, stream_index_problem(-1)
+    (True, 'stream index must be >= 0, got -1')
+    """
+    if isinstance(k, bool) or not isinstance(k, int):
+        shown = f"a {type(k).__name__}" if isinstance(k, torch.Tensor) else f"{k!r} ({type(k).__name__})"
+        return f"stream index must be an int, got {shown}"
+    if k < 0:
+        return f"stream index must be >= 0, got {k}"
+    if k > MAX_INDEX:
+        return f"stream index {k} does not fit in the int64 the stream ops take (max {MAX_INDEX})"
+    return None
+
+
 def check_stream_index(k: object, node: str | None = None) -> int:
     """``k`` as a stream index (a plain int: an ``IntEnum`` member would be written into the
     generated code by name), or a :class:`StreamPassError` saying why it is not one.
@@ -42,12 +59,9 @@ def check_stream_index(k: object, node: str | None = None) -> int:
     >>> type(check_stream_index(enum.IntEnum("S", "SIDE").SIDE)) is int
     True
     """
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise StreamPassError(f"stream index must be an int, got {k!r} ({type(k).__name__})", node)
-    if k < 0:
-        raise StreamPassError(f"stream index must be >= 0, got {k}", node)
-    if k > MAX_INDEX:
-        raise StreamPassError(f"stream index {k} does not fit in the int64 the stream ops take (max {MAX_INDEX})", node)
+    problem = stream_index_problem(k)
+    if problem is not None:
+        raise StreamPassError(problem, node)
     return int(k)
 
 

@@ -998,3 +998,35 @@ def test_a_compile_inside_an_eager_stream_block_warns(fresh_caches):
     with spi.enabled(), warnings.catch_warnings():
         warnings.simplefilter("error", sp.StreamPassWarning)
         torch.testing.assert_close(torch.compile(inner)(x), inner(x))  # no block: no warning
+
+
+@pytest.mark.parametrize(
+    "k, says",
+    [
+        (-1, "stream index must be >= 0, got -1"),
+        (2**19, "indices above 524287 are streampass's own"),
+        (1.5, r"stream index must be an int, got 1.5 \(float\)"),
+        (torch.tensor(1), "stream index must be an int, got a Tensor"),
+    ],
+    ids=["negative", "streampass's own", "float", "tensor"],
+)
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_refused_sp_stream_index_says_why_under_torch_compile(k, says, fullgraph):
+    """Review: under ``torch.compile`` a bad ``sp.stream(k)`` failed inside dynamo, which could
+    not build a StreamPassError (nor print a tensor): ``Attempted to call a super() attribute``.
+    Without ``fullgraph`` it now reaches the caller; with it, dynamo reports the exception it
+    raised, as it does for any exception in a full graph."""
+
+    def f(x):
+        with sp.stream(k):
+            return x.sin()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=fullgraph)
+    if not fullgraph:
+        with pytest.raises(sp.StreamPassError, match=says), spi.enabled():
+            compiled(torch.ones(3))
+        return
+    with pytest.raises(Exception, match=r"raised exception StreamIndexError\(.*" + says) as caught, spi.enabled():
+        compiled(torch.ones(3))
+    assert not isinstance(caught.value, sp.StreamPassError)  # dynamo's own error, naming ours
