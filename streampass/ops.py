@@ -35,8 +35,7 @@ CALL_OPS = ("call_function", "call_method", "call_module")
 
 
 def stream_index_problem(k: object) -> str | None:
-    """Why ``k`` is no stream index, or None if it is one. Safe to call while dynamo traces (a
-    tensor is not printed).
+    """Why ``k`` is no stream index, or None. Safe while dynamo traces (prints no tensor).
 
     >>> stream_index_problem(3) is None, stream_index_problem(-1)
     (True, 'stream index must be >= 0, got -1')
@@ -59,8 +58,7 @@ def check_stream_index(k: object, node: str | None = None) -> int:
     >>> type(check_stream_index(enum.IntEnum("S", "SIDE").SIDE)) is int
     True
     """
-    problem = stream_index_problem(k)
-    if problem is not None:
+    if (problem := stream_index_problem(k)) is not None:
         raise StreamPassError(problem, node)
     return int(k)
 
@@ -185,9 +183,8 @@ def subgraph_module(node: torch.fx.Node) -> torch.fx.GraphModule | None:
     return None
 
 
-#: the attribute-name prefix of the subgraphs that wrap the syncs streampass adds (a program's own
-#: syncs it wraps get ``streampass_<op>_<n>``): what tells the two apart once ``meta`` is gone, in
-#: a graph rebuilt from its code (unpickling does that)
+#: the name prefix of the subgraphs wrapping the syncs streampass adds (a program's own get
+#: ``streampass_<op>_<n>``): what tells them apart in a graph rebuilt from code (unpickled), no meta
 ADDED_SYNC_PREFIX = "streampass_added_"
 
 
