@@ -7,7 +7,6 @@ import contextlib
 
 import pytest
 import torch
-from test_compile_use import _job
 
 import streampass as sp
 import streampass.inductor as spi
@@ -16,6 +15,7 @@ from streampass.assign.in_compile import AUTO_STREAMS
 from streampass.errors import StreamPassError
 from streampass.sim.cost import CostModel
 
+from test_compile_use import _job
 from training_job import aten_100us
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")

@@ -24,6 +24,8 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass import compat
 
+from test_compile_use import s_branches  # issue 11's two side-stream branches
+
 _CONTEXT = re.compile(r"^\s*with (?:torch\.cuda\.stream\()?(\w+)\)?:$")
 _SYNC = re.compile(r"torch\.ops\.streams\.(record_event|wait_event)\.default\((\d+), (\d+)\)")
 #: syncs that cover every write issued before them (a ``wait_stream`` records as it is issued)
@@ -133,18 +135,10 @@ def streampass_wait(x):
     return a, x * y
 
 
-def branches(x, w1, w2):
-    with sp.stream(1):
-        a = torch.relu(x @ w1)
-    with sp.stream(2):
-        b = torch.sigmoid(x @ w2)
-    return a + b
-
-
 PROGRAMS = {
     "users_wait": (users_wait, lambda: (torch.randn(64), torch.randn(64))),
     "streampass_wait": (streampass_wait, lambda: (torch.randn(64),)),
-    "branches": (branches, lambda: tuple(torch.randn(16, 16) for _ in range(3))),
+    "branches": (s_branches, lambda: tuple(torch.randn(16, 16) for _ in range(3))),
 }
 
 
