@@ -94,21 +94,22 @@ def kernel_streams(code: str) -> set[str]:
     return found
 
 
-def native_code(monkeypatch, fn, *args) -> str:
-    """The code inductor generates for ``fn`` under StreamPass with the GPU lowering."""
+def native_codes(monkeypatch, fn, *args, fullgraph: bool = False) -> list[str]:
+    """The modules inductor generates for ``fn`` under StreamPass with the GPU lowering (in this
+    test's cache directory)."""
     monkeypatch.setattr(spi, "_gpu", lambda device: True)
     # the code cannot run on CPU: undefined stream variables, CPU streams and events
     with spi.enabled(), contextlib.suppress(NameError, RuntimeError, AssertionError):
-        torch.compile(fn)(*args)
-    codes = generated()
-    assert len(codes) == 1, f"{len(codes)} generated modules"
-    return codes[0]
-
-
-def generated() -> list[str]:
-    """The modules inductor generated in this test's cache directory."""
+        torch.compile(fn, fullgraph=fullgraph)(*args)
     files = glob.glob(os.environ["TORCHINDUCTOR_CACHE_DIR"] + "/**/*.py", recursive=True)
     return [c for c in (pathlib.Path(f).read_text() for f in files) if "def call(" in c]
+
+
+def native_code(monkeypatch, fn, *args) -> str:
+    """The one module inductor generates for ``fn`` (:func:`native_codes`)."""
+    codes = native_codes(monkeypatch, fn, *args)
+    assert len(codes) == 1, f"{len(codes)} generated modules"
+    return codes[0]
 
 
 AMB, SIDE = torch.Stream("cpu"), torch.Stream("cpu")
@@ -180,7 +181,5 @@ def test_pytorchs_user_stream_programs_read_no_buffer_before_its_wait(fresh_cach
     from test_corpus import _inputs, _target
 
     _, fn = _target(p)
-    monkeypatch.setattr(spi, "_gpu", lambda device: True)
-    with spi.enabled(), contextlib.suppress(NameError, RuntimeError, AssertionError):
-        torch.compile(fn, fullgraph=p.fullgraph)(*_inputs(p))
-    assert [r for c in generated() for r in unwaited_reads(c)] == []
+    codes = native_codes(monkeypatch, fn, *_inputs(p), fullgraph=p.fullgraph)
+    assert [r for c in codes for r in unwaited_reads(c)] == []
