@@ -12,6 +12,7 @@ import torch
 import torch.fx
 
 from streampass.ops import CONTROL_DEPS, attribute, passthrough_source
+from streampass.unannotated_writes import hidden_argument_name, hidden_writes
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def argument(node: torch.fx.Node, i: int) -> Any:
     if isinstance(module, torch.fx.GraphModule):  # by its placeholder's name
         inputs = module.graph.find_nodes(op="placeholder")
         return node.kwargs.get(inputs[i].target) if i < len(inputs) else None
-    return first_argument(node) if i == 0 else None
+    return first_argument(node) if i == 0 else node.kwargs.get(hidden_argument_name(node.target, i))
 
 
 def first_argument(node: torch.fx.Node) -> Any:
@@ -147,8 +148,8 @@ def _module_returns_its_input(node: torch.fx.Node) -> bool:
 
 
 def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
-    """Positions of the arguments an op writes (from its schema's alias annotations; for a node
-    with no schema, its in-place name or module flag).
+    """Positions of the arguments an op writes (from its schema's alias annotations, or
+    :mod:`streampass.unannotated_writes`; with no schema, its in-place name or module flag).
 
     >>> g = torch.fx.Graph(); x = g.placeholder("x")
     >>> mutated_arg_positions(g.call_function(torch.ops.aten.copy_.default, (x, x)))
@@ -159,7 +160,7 @@ def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
     (0,)
     """
     if node.op == "call_function":
-        writes = _schema_facts(node.target).writes
+        writes = _schema_facts(node.target).writes or hidden_writes(node)  # batch norms' statistics
         if writes or getattr(node.target, "_schema", None) is not None:
             return writes
     module = called_module(node)

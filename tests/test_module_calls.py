@@ -1,14 +1,17 @@
 """Property tests over random ``symbolic_trace``-style graphs: submodule calls that read their
 parameters and update their buffers without taking them as arguments, tensor methods, in-place
-writes of a module's weight through ``get_attr``, on random streams (issue 12)."""
+writes of a module's weight through ``get_attr``, batch norm ops given a module's running
+statistics, on random streams (issue 12)."""
 
 from __future__ import annotations
 
 import copy
+import operator
 import random
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +43,7 @@ def module_program(seed: int, n_steps: int, n_streams: int) -> tuple[torch.fx.Gr
     vals = [g.placeholder("x")]
     touches = []
     for _ in range(n_steps):
-        kind = rng.choice(["lin", "lin", "bn", "method", "relu", "scale", "add"])
+        kind = rng.choice(["lin", "lin", "bn", "bn_op", "method", "relu", "scale", "add"])
         x = rng.choice(vals)
         if kind == "lin":
             name = rng.choice(["lin0", "lin1"])
@@ -48,6 +51,17 @@ def module_program(seed: int, n_steps: int, n_streams: int) -> tuple[torch.fx.Gr
             touches.append((node, name, False))
         elif kind == "bn":
             node = g.call_module("bn", (x,))
+            touches.append((node, "bn", pool.bn.training))
+        elif kind == "bn_op":  # the batch norm's statistics given to an op with no (a!) to say it writes them
+            stats = (g.get_attr("bn.running_mean"), g.get_attr("bn.running_var"))
+            if rng.random() < 0.5:  # as symbolic_trace records F.batch_norm
+                node = g.call_function(F.batch_norm, (x, *stats), {"training": pool.bn.training})
+            else:  # as make_fx or torch.export record it
+                bn = g.call_function(
+                    torch.ops.aten.native_batch_norm.default, (x, None, None, *stats, pool.bn.training, 0.1, 1e-5)
+                )
+                node = g.call_function(operator.getitem, (bn, 0))
+                touches.append((bn, "bn", pool.bn.training))
             touches.append((node, "bn", pool.bn.training))
         elif kind == "method":
             node = g.call_method(rng.choice(["sin", "cos"]), (x,))

@@ -973,3 +973,100 @@ def test_writes_symbolic_trace_records_without_a_schema_are_writes(name):
     assert ("war", writer) in {(h.kind, h.nodes[1]) for h in sp.verify(gm).hazards}
     assert sp.run(gm).ok
     assert sp.StreamDAG.from_graph(gm).happens_before(reader, writer)
+
+
+def _bn_program(op: str, training: bool):
+    """``(graph, its inputs)``: ``op`` updates running statistics on stream 1 (while
+    ``training``), then the ambient stream reads ``running_mean``, as an export or make_fx graph
+    of a training batch norm records it."""
+    a = torch.ops.aten
+    update = {  # x, rm, rv -> the op's call
+        "aten.native_batch_norm": lambda x, rm, rv: a.native_batch_norm(x, None, None, rm, rv, training, 0.5, 1e-5)[0],
+        "aten.batch_norm": lambda x, rm, rv: a.batch_norm(x, None, None, rm, rv, training, 0.5, 1e-5, False),
+        "aten.instance_norm": lambda x, rm, rv: a.instance_norm(x, None, None, rm, rv, training, 0.5, 1e-5, False),
+        "aten._batch_norm_impl_index": lambda x, rm, rv: a._batch_norm_impl_index(
+            x, None, None, rm, rv, training, 0.5, 1e-5, False
+        )[0],
+    }[op]
+
+    def f(x, rm, rv):
+        with sp.stream(1):
+            y = update(x, rm, rv)
+        return y, rm * 1
+
+    inputs = (torch.arange(12.0).reshape(2, 2, 3), torch.zeros(2), torch.ones(2))
+    return make_fx(f)(*inputs), inputs
+
+
+BATCH_NORMS = ["aten.native_batch_norm", "aten.batch_norm", "aten.instance_norm", "aten._batch_norm_impl_index"]
+
+
+@pytest.mark.parametrize("op", BATCH_NORMS)
+def test_a_training_batch_norm_writes_its_running_statistics(op):
+    """aten's batch norms update ``running_mean`` and ``running_var`` while training, but their
+    schemas carry no ``(a!)``: the update on stream 1 and the ambient stream's read of
+    ``running_mean`` got no wait, verify agreed, and a legal reorder read the statistics before
+    the update (found by review). Evaluating, the op only reads them: no order is needed."""
+    gm, inputs = _bn_program(op, training=True)
+    reader = next(n.name for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+    writer = next(n.name for n in gm.graph.nodes if n.meta.get("custom"))
+    assert ("raw", reader) in {(h.kind, h.nodes[1]) for h in sp.verify(gm).hazards}
+    want = gm(*copy.deepcopy(inputs))
+    assert sp.run(gm).ok
+    assert sp.StreamDAG.from_graph(gm).happens_before(writer, reader)
+    for seed in range(4):
+        moved = random_topological_copy(copy.deepcopy(gm), seed)
+        assert sp.verify(moved).ok
+        with runtime.bind(moved):
+            torch.testing.assert_close(moved(*copy.deepcopy(inputs)), want)
+
+    evaluating, _ = _bn_program(op, training=False)
+    assert not any(h.kind == "raw" for h in sp.verify(evaluating).hazards)
+
+
+class FunctionalBatchNorm(torch.nn.Module):
+    """``F.batch_norm`` on the module's own statistics, as symbolic_trace records it: a call with
+    no schema, the statistics as get_attrs."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rm", torch.zeros(3))
+        self.register_buffer("rv", torch.ones(3))
+
+    def forward(self, x):
+        y = torch.nn.functional.batch_norm(x, self.rm, self.rv, training=self.training, momentum=0.5)
+        return y, self.rm + x.sum()  # a proxy in the sum: traced, not folded to a constant
+
+
+def test_a_traced_functional_batch_norm_writes_the_statistics_it_is_given():
+    gm = torch.fx.symbolic_trace(FunctionalBatchNorm())
+    bn = next(n for n in gm.graph.nodes if n.target is torch.nn.functional.batch_norm)
+    bn.meta["custom"] = {"stream": 1}
+    assert ("raw", "add") in {(h.kind, h.nodes[1]) for h in sp.verify(gm).hazards}
+    assert sp.run(gm).ok
+    assert sp.StreamDAG.from_graph(gm).happens_before(bn.name, "add")
+
+    evaluating = torch.fx.symbolic_trace(FunctionalBatchNorm().eval())
+    next(n for n in evaluating.graph.nodes if n.target is torch.nn.functional.batch_norm).meta["custom"] = {"stream": 1}
+    assert not any(h.kind == "raw" for h in sp.verify(evaluating).hazards)
+
+
+def test_an_exported_training_batch_norm_orders_reads_of_its_statistics():
+    """torch.export's training IR keeps ``aten.batch_norm`` with the module's buffers as inputs."""
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(4)
+
+        def forward(self, x):
+            with sp.stream(1):
+                y = self.bn(x)
+            return y, self.bn.running_mean + 0
+
+    gm = torch.export.export(M().train(), (torch.randn(3, 4),)).module()
+    bn = next(n for n in gm.graph.nodes if n.meta.get("custom", {}).get("stream") == 1 and "batch_norm" in n.name)
+    read = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.add.Tensor)
+    assert ("raw", read.name) in {(h.kind, h.nodes[1]) for h in sp.verify(gm).hazards}
+    assert sp.run(gm).ok
+    assert sp.StreamDAG.from_graph(gm).happens_before(bn.name, read.name)
