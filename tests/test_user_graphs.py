@@ -177,6 +177,50 @@ def test_a_loaded_graph_keeps_its_streams_and_a_second_run_adds_nothing():
     assert _streams_in_order(twice) == _streams_in_order(gm)
 
 
+def _threaded(gm) -> set[str]:
+    """Names of the values streampass's syncs pass through."""
+    return {
+        a.name for n in gm.graph.nodes if ops.added_by_streampass(n) for a in n.args[3:] if isinstance(a, torch.fx.Node)
+    }
+
+
+def test_sizes_computed_on_a_side_stream_are_no_tensors_once_the_metadata_is_gone():
+    """A side stream's ``a.shape[0] * 2`` is a SymInt, not a kernel's output. A loaded graph has no
+    ``meta["val"]`` to say so: it was read as a tensor of stream 1, verify reported a race and a
+    second run added a record and a wait and threaded the SymInt through it (found by review). A
+    ``symbolic_trace`` graph never has the metadata: its ``x.shape[0]`` and ``x.size(0)`` too."""
+
+    def f(x, y):
+        with sp.stream(1):
+            a = x.sin()
+            n = a.shape[0] * 2
+        return y.new_zeros(n) + a.repeat(2)
+
+    x, y = torch.randn(4), torch.randn(8)
+    gm = make_fx(f, tracing_mode="symbolic")(x, y)
+    assert sp.run(gm).ok
+    loaded = torch.load(io.BytesIO(_saved(copy.deepcopy(gm))), weights_only=False)  # torch cannot save it as is
+    assert sp.verify(loaded).ok
+    before = loaded.code
+    again = sp.run(loaded)
+    assert (again.records_added, again.waits_added) == (0, 0) and loaded.code == before
+    torch.testing.assert_close(loaded(x, y), f(x, y))
+
+    class Sizes(torch.nn.Module):
+        def forward(self, x, y):
+            a = x.sin()
+            return y.new_zeros(a.shape[0] * 2) + a.repeat(2), a.size(0) + 1
+
+    traced = torch.fx.symbolic_trace(Sizes())
+    sizes = {"getattr_1", "getitem", "mul", "size", "add_1"}
+    for n in traced.graph.nodes:
+        if n.name in {"sin", *sizes}:
+            n.meta["custom"] = {"stream": 1}
+    assert sp.run(traced).ok
+    assert "sin" in _threaded(traced) and not sizes & _threaded(traced)
+    assert traced(x, y)[1] == 5
+
+
 class ScalesOnSide(torch.nn.Module):
     def __init__(self, only_weight: bool):
         super().__init__()

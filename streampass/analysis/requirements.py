@@ -44,19 +44,72 @@ class CrossStreamValue:
     readers: dict[int, list[Node]] = field(default_factory=dict)  # stream -> its readers, in issue order
 
 
-def is_tensor_value(node: Node) -> bool:
-    """Whether ``node`` produces a tensor (or tensors), judged by its metadata; unknown: yes."""
+def is_tensor_value(node: Node, known: dict[Node, bool] | None = None) -> bool:
+    """Whether ``node`` produces a tensor (or tensors), judged by its metadata; with none (a
+    graph loaded from a pickle, a ``symbolic_trace`` graph), a size query is not one, Python
+    arithmetic is one where an input is (``a.shape[0] * 2`` is a SymInt), anything else is
+    assumed to be. ``known`` caches verdicts across calls.
+
+    >>> import torch, operator
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> n = g.call_function(operator.mul, (g.call_function(torch.ops.aten.sym_size.int, (x, 0)), 2))
+    >>> is_tensor_value(n), is_tensor_value(g.call_function(operator.mul, (x, 2)))
+    (False, True)
+    """
+    known = {} if known is None else known
+    stack = [node]
+    while stack:  # inputs first, without recursion: a symbolic_trace graph's chain of ``+`` is deep
+        n = stack[-1]
+        if n in known:
+            stack.pop()
+            continue
+        verdict = _own_verdict(n)
+        if verdict is None:
+            pending = [i for i in n.all_input_nodes if i not in known]
+            if pending:
+                stack.extend(pending)
+                continue
+            verdict = any(known[i] for i in n.all_input_nodes)
+        known[n] = verdict
+        stack.pop()
+    return known[node]
+
+
+# Calls that answer a question about a tensor's shape rather than make one: aten's (make_fx
+# records ``x.shape[0]`` so) and, with no schema, as symbolic_trace records them.
+_SIZE_QUERIES = frozenset(
+    {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+     torch.ops.aten.sym_storage_offset.default}
+)  # fmt: skip
+_SIZE_METHODS = frozenset({"size", "dim", "numel", "stride", "storage_offset", "nelement", "ndimension"})
+_SIZE_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "layout", "is_cuda", "requires_grad"})
+# Arithmetic on sizes: a SymInt where its inputs are sizes, a tensor where one is a tensor.
+_SYM_FUNCTIONS = frozenset(
+    getattr(torch, f) for f in ("sym_max", "sym_min", "sym_int", "sym_float", "sym_not", "sym_ite", "sym_sum")
+    if hasattr(torch, f)
+)  # fmt: skip
+
+
+def _own_verdict(node: Node) -> bool | None:
+    """:func:`is_tensor_value` of ``node`` from itself alone, or None where its inputs decide
+    (Python arithmetic on a node with no metadata)."""
     val = node.meta.get("val", node.meta.get("example_value"))
-    if val is None and node.op == "get_attr" and node.graph.owning_module is not None:
+    if val is not None:
+        if isinstance(val, (list, tuple)):
+            return any(isinstance(v, torch.Tensor) for v in val)
+        return isinstance(val, torch.Tensor)
+    if node.op == "get_attr" and node.graph.owning_module is not None:
         held = ops.attribute(node.graph.owning_module, node.target)  # a cond's branch is no tensor
         return held is ops.MISSING or isinstance(held, torch.Tensor)
-    if val is None:
-        return node.op != "output"  # unknown: assume a tensor (conservative)
-    if isinstance(val, torch.Tensor):
-        return True
-    if isinstance(val, (list, tuple)):
-        return any(isinstance(v, torch.Tensor) for v in val)
-    return False
+    if node.target in _SIZE_QUERIES or (node.op == "call_method" and node.target in _SIZE_METHODS):
+        return False
+    if node.target is getattr and len(node.args) > 1 and node.args[1] in _SIZE_ATTRIBUTES:  # ``x.shape``
+        return False
+    if node.op == "call_function" and (
+        node.target in _SYM_FUNCTIONS or getattr(node.target, "__module__", None) in ("_operator", "math")
+    ):
+        return None
+    return node.op != "output"  # unknown: assume a tensor (conservative)
 
 
 def _read_roots(node: Node, root: dict[Node, Node], tensor: dict[Node, bool]) -> list[Node]:
@@ -64,10 +117,7 @@ def _read_roots(node: Node, root: dict[Node, Node], tensor: dict[Node, bool]) ->
     order (a ``control_deps`` node's own result is not a value). ``tensor`` caches is_tensor_value."""
     out: list[Node] = []
     for inp in ops.input_nodes(node):
-        t = tensor.get(inp)
-        if t is None:
-            t = tensor[inp] = inp.target is not ops.CONTROL_DEPS and is_tensor_value(inp)
-        if t:
+        if inp.target is not ops.CONTROL_DEPS and is_tensor_value(inp, tensor):
             r = root[inp]
             if r not in out:
                 out.append(r)
