@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from streampass import ops
+
 
 @dataclass(frozen=True)
 class HiddenWrite:
@@ -43,6 +45,9 @@ _ATEN: dict[str, HiddenWrite] = {
     "aten::batch_norm_update_stats": HiddenWrite(((1, "running_mean"), (2, "running_var")), None),
     "aten::batch_norm_gather_stats": HiddenWrite(_STATS, None),
     "aten::batch_norm_gather_stats_with_counts": HiddenWrite(_STATS, None),
+    # CPU LSTM's oneDNN backward overwrites the workspace its forward saved (found by a scan of
+    # every OpInfo and module sample for inputs that change)
+    "aten::mkldnn_rnn_layer_backward": HiddenWrite(((22, "workspace"),), None),
 }
 
 # Calls with no schema, as ``symbolic_trace`` records them: ``torch.nn.functional``'s order of
@@ -65,6 +70,8 @@ def hidden_write(target: Any) -> HiddenWrite | None:
     ((3, 'running_mean'), (4, 'running_var'))
     >>> hidden_write(torch.ops.aten._native_batch_norm_legit.default) is None  # its schema says (a!)
     True
+    >>> hidden_write(torch.ops.aten.mkldnn_rnn_layer_backward.default).written
+    ((22, 'workspace'),)
     """
     schema = getattr(target, "_schema", None)
     if schema is not None:
@@ -110,3 +117,57 @@ def hidden_argument_name(target: Any, i: int) -> str | None:
     """
     entry = hidden_write(target)
     return dict(entry.written).get(i) if entry is not None else None
+
+
+def body_writes(node: torch.fx.Node) -> tuple[int, ...]:
+    """Positions of the operands a higher-order op's body writes in place (``with torch.no_grad():
+    buf.mul_(0.9)`` as ``torch.export`` records it: ``wrap_with_set_grad_enabled``), read from the
+    body's own graph. A body's inputs are the op's graph values after it, tuples flattened, in
+    order (``wrap_with_autocast``, ``invoke_subgraph``, ``cond``'s operands); where they do not
+    line up with its placeholders, every operand counts as written. Empty for any other node.
+
+    >>> import torch
+    >>> g = torch.fx.Graph(); a = g.placeholder("a"); _ = g.output(g.call_method("mul_", (a, 2)))
+    >>> root = torch.nn.Module(); root.body = torch.fx.GraphModule(torch.nn.Module(), g)
+    >>> outer = torch.fx.Graph(); x = outer.placeholder("x")
+    >>> op = outer.call_function(torch.ops.higher_order.wrap_with_set_grad_enabled, (False, outer.get_attr("body"), x))
+    >>> _ = outer.output(op); gm = torch.fx.GraphModule(root, outer)
+    >>> body_writes(op)
+    (2,)
+    """
+    if not isinstance(node.target, torch._ops.HigherOrderOperator) or node.target is ops.CONTROL_DEPS:
+        return ()
+    from streampass.values import graph_module_writes  # values reads this module: a body is read as a graph
+
+    owner = node.graph.owning_module
+    if owner is None:
+        return ()
+    written: set[int] = set()
+    for k, body in enumerate(node.args):
+        module = (
+            ops.attribute(owner, body.target) if isinstance(body, torch.fx.Node) and body.op == "get_attr" else None
+        )
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        writes = graph_module_writes(module)[1]
+        operands = [
+            (i, v)
+            for i, arg in enumerate(node.args[k + 1 :], start=k + 1)
+            for v in (arg if isinstance(arg, (list, tuple)) else [arg])
+            if (isinstance(v, torch.fx.Node) and v.op != "get_attr") or _held_tensor(owner, v)
+        ]
+        inputs = module.graph.find_nodes(op="placeholder")
+        if len(operands) == len(inputs):
+            written.update(operands[j][0] for j in writes)
+        elif writes:
+            written.update(i for i, _ in operands)
+    return tuple(sorted(written))
+
+
+def _held_tensor(owner, value) -> bool:
+    """Whether ``value`` is a ``get_attr`` of a tensor (an operand), not of a body."""
+    return (
+        isinstance(value, torch.fx.Node)
+        and value.op == "get_attr"
+        and isinstance(ops.attribute(owner, value.target), torch.Tensor)
+    )

@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 from streampass.ops import CONTROL_DEPS, attribute, passthrough_source
-from streampass.unannotated_writes import hidden_argument_name, hidden_writes
+from streampass.unannotated_writes import body_writes, hidden_argument_name, hidden_writes
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
     module = called_module(node)
     if isinstance(module, torch.fx.GraphModule):  # the inputs its own graph writes
         return graph_module_writes(module)[1]
-    return (0,) if _in_place_without_schema(node) else ()
+    return body_writes(node) or ((0,) if _in_place_without_schema(node) else ())
 
 
 def is_view(node: torch.fx.Node) -> bool:

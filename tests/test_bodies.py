@@ -501,3 +501,34 @@ def test_a_branch_get_attr_is_no_input_read_on_a_side_stream():
         again = sp.run(moved)
         assert again.records_added == again.waits_added == 0, seed
     torch.testing.assert_close(gm(x)[0], CondOnSide()(x))
+
+
+class NoGradUpdate(torch.nn.Module):
+    """The running-average pattern: stream 1 reads a buffer, then ``torch.no_grad()`` (or autocast)
+    updates it in place on the ambient stream; export makes the block a higher-order op."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+        self.register_buffer("avg", torch.ones(4))
+
+    def forward(self, x):
+        with sp.stream(1):
+            out = x * self.avg
+        with self.block():
+            self.avg.mul_(0.9).add_(x, alpha=0.1)
+        return out
+
+
+BLOCKS = {"no_grad": torch.no_grad, "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_a_body_writing_its_operand_in_place_writes_it_for_the_caller(block):
+    """The op was read as a kernel that only reads its operands: the update came with no wait for
+    stream 1's read, and verify agreed (found by review). Its body's graph says what it writes."""
+    gm = torch.export.export(NoGradUpdate(BLOCKS[block]), (torch.randn(4),), strict=True).module()
+    op = next(n for n in gm.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator))
+    assert ("war", "mul", op.name) in {(h.kind, *h.nodes) for h in sp.verify(gm).hazards}
+    assert sp.run(gm).ok
+    assert sp.StreamDAG.from_graph(gm).happens_before("mul", op.name)
