@@ -92,6 +92,18 @@ def _results(gm, x) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), n_steps=st.integers(2, 14), n_streams=st.integers(2, 4))
 def test_module_state_is_ordered_across_streams_under_any_order(seed, n_steps, n_streams):
+    check_program(seed, n_steps, n_streams)
+
+
+def test_a_module_call_whose_argument_was_issued_after_the_wait_is_ordered_by_its_input():
+    """bn_2 (stream 1) writes the batch norm's statistics after bn_1 (stream 0). Its one argument,
+    lin1, came after stream 1's wait for bn_1 in graph order but was not ordered after it by any
+    data edge, so a reorder moved bn_2 before the wait (found by the property above). lin1's own
+    input now carries the wait."""
+    check_program(35, 12, 2)
+
+
+def check_program(seed: int, n_steps: int, n_streams: int) -> None:
     gm, touches = module_program(seed, n_steps, n_streams)
     x = torch.randn(3, 4)
     want = _results(copy.deepcopy(gm), x)

@@ -238,13 +238,12 @@ class _Editor:
         return out
 
     def _uses_to_gate(self, consumer: Node, value: Node, sync: Node, index) -> list[tuple[Node, Node]] | None:
-        """The uses (user, input) on ``consumer``'s path to ``value`` to reroute through ``sync``;
-        None if a path already passes ``sync`` or a later sync of its stream (then ``consumer``
-        is ordered after ``sync`` by the per-stream chain and needs nothing).
+        """The uses (user, input) on ``consumer``'s path to ``value`` to reroute through ``sync``; None if a
+        path already passes ``sync`` or a later sync of its stream (then the per-stream chain orders it).
 
-        ``consumer`` may read ``value`` through views made after the sync: the first use whose
-        input is defined before the sync is the one to reroute. A submodule's own tensor
-        (``a.hidden``) is no argument: one use of any tensor argument carries its order.
+        ``consumer`` may read ``value`` through views made after the sync: the first use whose input is
+        defined before the sync is the one to reroute. A submodule's own tensor (``a.hidden``) is no argument:
+        a tensor argument's use carries its order (its own input's, if issued after the sync yet not ordered).
         """
         found = []
         hidden = any(value in roots for roots in self.a.hidden.get(consumer, ()))
@@ -264,6 +263,8 @@ class _Editor:
                     found.append((user, x))
                     break
                 nxt = src if src is not None else values.aliases_input(x)
+                if nxt is None and hidden and self.stream.get(x) == self.stream.get(sync):
+                    nxt = next((i for i in ops.input_nodes(x) if i.target is not ops.CONTROL_DEPS), None)
                 if nxt is None:
                     break  # made after the sync on this path: nothing before the sync to guard
                 user, x = x, nxt
