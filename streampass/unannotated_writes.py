@@ -5,6 +5,7 @@ norms that update their running statistics while training. aten's schemas for th
 :func:`streampass.values.mutated_arg_positions` reads for every other op miss these writes: a
 side stream's training batch norm and the ambient stream's read of ``running_mean`` would get no
 wait. torch's functionalization knows them by hand too (``_native_batch_norm_legit_functional``).
+A higher-order op writes what its body's graph writes (:func:`body_writes`).
 
 Each entry names the op, the arguments it writes, and the flag that turns the write on (none:
 always). A flag that is not a constant (a graph value) counts as on: a write taken for a read
