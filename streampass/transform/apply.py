@@ -23,16 +23,15 @@ import operator
 import torch
 import torch.fx
 
-from streampass import ops, values
+from streampass import ops
 from streampass.analysis.reading import StreamAssignment
-from streampass.analysis.requirements import is_tensor_value
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
 from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_thread, reads_an_input
+from streampass.transform.gated_uses import GatedUses
 from streampass.transform.plan import SyncPlan
 from streampass.transform.reading_after import check_order, check_region, reading_after
 from streampass.transform.subgraphs import drop_unused_body, free_attr, set_wrapper_val, sync_subgraph
-from streampass.transform.user_waits import input_reads_after_user_waits
 
 Node = torch.fx.Node
 _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_default", operator.getitem: "getitem"}
@@ -129,7 +128,7 @@ class _Editor:
         index = self.index
         index.update((n, i) for i, n in enumerate(order))
         gates = {self.gate_node.get(g, g): g for g in set(self.plan.protect) | set(self.plan.keepalive)}
-        rewires = self._rewires(order, index, gates)
+        rewires = GatedUses(self.plan, self.stream, self.calls, self.root, index).by_sync(order, gates)
 
         pending: dict[int, list[Node]] = {}  # per stream: work since its last sync
         last_sync: dict[int, Node] = {}
@@ -174,101 +173,6 @@ class _Editor:
         if use is not None:
             user, value = use
             self._wrap(last, ops.as_sync_call(last), [], [value], [(user, value, value)])
-
-    def _rewires(self, order: list[Node], index, gates) -> dict[Node, list[tuple[Node, Node]]]:
-        """sync node -> the uses ``(user, input)`` to read through it (in the graph as it was
-        before any rerouting: ``encode`` follows ``read_as`` when an earlier wait took a use).
-        The consumers: the plan's, and the reads of graph inputs after a program's own waits.
-
-        A consumer that must follow waits of its stream reads one protected value through
-        the latest of them (the per-stream chain orders it after the earlier ones), or nothing
-        when one of its same-stream inputs already follows it. ``after[n]``: the position, among
-        the syncs of ``n``'s stream, of the latest sync ``n`` follows through same-stream data.
-        Passthroughs are looked through: a second run reaches the same decisions (no change).
-        """
-        needs: dict[Node, list[tuple[Node, Node]]] = {}  # consumer -> [(sync node, value)]
-        for sync, gate in gates.items():
-            for consumer, value in self.plan.protect.get(gate, ()):
-                if value is not None:
-                    needs.setdefault(consumer, []).append((sync, value))
-        program = input_reads_after_user_waits(order, self.stream, self.calls, self.root, self.a.hidden)
-        for consumer, pairs in program.items():
-            needs.setdefault(consumer, []).extend(pairs)
-        stream, getitem = self.stream, operator.getitem
-        chain: dict[Node, int] = {}
-        count: dict[int, int] = {}
-        after: dict[Node, int] = {}
-        out: dict[Node, list[tuple[Node, Node]]] = {}
-        for n in order:
-            s = stream.get(n, AMBIENT)
-            call = self.calls.get(n)
-            if call is not None and call.target in WRAPPABLE:
-                count[s] = chain[n] = after[n] = count.get(s, 0) + 1
-                continue
-            base = 0
-            for x in ops.input_nodes(n):
-                while x is not None:  # look through passthroughs, as if never rerouted
-                    if stream.get(x, AMBIENT) == s:
-                        b = after.get(x, 0)
-                        if b > base:
-                            base = b
-                    x = ops.passthrough_source(x) if x.target is getitem else None
-            todo = []
-            for sync, value in needs.get(n, ()):
-                same = stream.get(sync, AMBIENT) == s  # (a gate is a wait of its consumer's stream)
-                uses = self._uses_to_gate(n, value, sync, index)
-                if uses is None:  # some path already passes the sync (an earlier run's reroute)
-                    if same:
-                        base = max(base, chain[sync])
-                elif uses:
-                    todo.append((chain[sync], same, sync, uses))
-            # The output reads every protected value through its own wait: a partitioner may
-            # split the outputs, and each part must still carry its value's order.
-            exit_node = n.op == "output"
-            for k, same, sync, uses in sorted(todo, key=lambda t: -t[0]):
-                if same and k <= base and not exit_node:
-                    continue
-                for user, inp in uses:
-                    out.setdefault(sync, []).append((user, inp))
-                    if same and stream.get(user, AMBIENT) == s:
-                        after[user] = max(after.get(user, 0), k)
-                if same:
-                    base = k
-            after[n] = base
-        return out
-
-    def _uses_to_gate(self, consumer: Node, value: Node, sync: Node, index) -> list[tuple[Node, Node]] | None:
-        """The uses (user, input) on ``consumer``'s path to ``value`` to reroute through ``sync``; None if a
-        path already passes ``sync`` or a later sync of its stream (then the per-stream chain orders it).
-
-        ``consumer`` may read ``value`` through views made after the sync: the first use whose input is
-        defined before the sync is the one to reroute. A submodule's own tensor (``a.hidden``) is no argument:
-        a tensor argument's use carries its order (its own input's, if issued after the sync yet not ordered).
-        """
-        found = []
-        hidden = any(value in roots for roots in self.a.hidden.get(consumer, ()))
-        for inp in ops.input_nodes(consumer):
-            if found and hidden:
-                break
-            if not (is_tensor_value(inp) if hidden else self.root.get(inp, inp) is value):
-                continue
-            user, x = consumer, inp
-            while True:
-                src = ops.passthrough_source(x)
-                if src is not None:
-                    holder = x.args[0]
-                    if self.stream.get(holder) == self.stream.get(sync) and index[holder] >= index[sync]:
-                        return None
-                if index[x] < index[sync]:
-                    found.append((user, x))
-                    break
-                nxt = src if src is not None else values.aliases_input(x)
-                if nxt is None and hidden and self.stream.get(x) == self.stream.get(sync):
-                    nxt = next((i for i in ops.input_nodes(x) if i.target is not ops.CONTROL_DEPS), None)
-                if nxt is None:
-                    break  # made after the sync on this path: nothing before the sync to guard
-                user, x = x, nxt
-        return found
 
     def _wrap(self, sync: Node, call: ops.SyncCall, deps: list[Node], passthrough, rewires) -> Node:
         """Wrap a plain sync in ``control_deps`` (or extend an existing wrapper); returns the wrapper."""
