@@ -27,6 +27,7 @@ from streampass import ops
 from streampass.analysis.reading import StreamAssignment
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
+from streampass.transform.annotations import set_stream
 from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_thread, reads_an_input
 from streampass.transform.gated_uses import GatedUses
 from streampass.transform.plan import SyncPlan
@@ -35,17 +36,6 @@ from streampass.transform.subgraphs import drop_unused_body, free_attr, set_wrap
 
 Node = torch.fx.Node
 _NAMES = {ops.RECORD_EVENT: "record_event_default", ops.WAIT_EVENT: "wait_event_default", operator.getitem: "getitem"}
-
-
-def _set_stream(node: Node, s: int) -> None:
-    """Annotate ``node`` with stream ``s`` (ambient nodes carry no stream annotation)."""
-    custom = {k: v for k, v in (node.meta.get("custom") or {}).items() if k != "stream"}
-    if s != AMBIENT:
-        custom["stream"] = s
-    if custom:
-        node.meta["custom"] = custom
-    else:
-        node.meta.pop("custom", None)
 
 
 class _Editor:
@@ -101,7 +91,7 @@ class _Editor:
         self.calls[node] = ops.SyncCall(node.target, node.args, node, None)
         self.stream[node] = s
         node.meta["streampass"] = "sync"
-        _set_stream(node, s)
+        set_stream(node, s)
         self.changed = True
         return node
 
@@ -114,12 +104,9 @@ class _Editor:
                 self.changed = True
                 continue
             s = self.stream.get(node, AMBIENT)
-            if s != AMBIENT and node.op in ops.CALL_OPS:
-                custom = node.meta.get("custom") or {}
-                if custom.get("stream") != s:
-                    _set_stream(node, s)
-                    self.edited.append(node)
-                    self.changed = True
+            if s != AMBIENT and node.op in ops.CALL_OPS and set_stream(node, s):
+                self.edited.append(node)
+                self.changed = True
 
     # -- 3. the data dependencies that encode the order -------------------------------------
     def encode(self) -> None:
@@ -244,7 +231,7 @@ class _Editor:
                 self.stream[g] = self.stream[wrapped]
                 self.root[g] = self.root.get(inp, inp)
                 self.index[g] = self.index[wrapped]
-                _set_stream(g, self.stream[wrapped])
+                set_stream(g, self.stream[wrapped])
                 outs[inp] = g
                 last = g
             user.replace_input_with(inp, outs[inp])

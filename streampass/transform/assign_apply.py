@@ -13,6 +13,7 @@ import torch.fx
 
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT, check_stream_index
+from streampass.transform.annotations import drop_stream, set_stream
 
 
 def _check(gm: torch.fx.GraphModule, streams: Mapping[str, int]) -> dict[torch.fx.Node, int]:
@@ -54,14 +55,8 @@ def apply_streams(gm: torch.fx.GraphModule, streams: Mapping[str, int]) -> int:
     """
     changed = 0
     for node, s in _check(gm, streams).items():
-        if s == AMBIENT:
-            continue
-        custom = node.meta.get("custom")
-        if isinstance(custom, dict) and custom.get("stream") == s:
-            continue
-        # A new dict: make_fx and AOT may share one ``custom`` dict between several nodes.
-        node.meta["custom"] = {**(custom if isinstance(custom, dict) else {}), "stream": s}
-        changed += 1
+        if s != AMBIENT and set_stream(node, s):
+            changed += 1
     return changed
 
 
@@ -78,9 +73,7 @@ def drop_streams(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     (True, {'tag': 'mine'})
     """
     for n in gm.graph.nodes:
-        custom = n.meta.get("custom")
-        if isinstance(custom, dict) and "stream" in custom:
-            n.meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
+        drop_stream(n)
     return gm
 
 

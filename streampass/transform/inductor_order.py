@@ -27,6 +27,7 @@ from torch._inductor.fx_passes.control_dependencies import preserve_node_orderin
 
 from streampass import ops, values
 from streampass.errors import StreamPassWarning
+from streampass.transform.annotations import drop_stream
 
 Node = torch.fx.Node
 
@@ -74,13 +75,8 @@ def order_readers_after_waits(gm: torch.fx.GraphModule) -> None:
 def one_stream(gm: torch.fx.GraphModule) -> None:
     """Drop every node's ``custom.stream``, so that inductor issues all of ``gm``'s kernels on the
     current stream, in their data order (the syncs stay and do what they say), with a warning."""
-    dropped = False
-    for node in gm.graph.nodes:
-        custom = node.meta.get("custom")
-        if isinstance(custom, dict) and "stream" in custom:
-            node.meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
-            dropped = True
-    if dropped:
+    dropped = [drop_stream(node) for node in gm.graph.nodes]
+    if any(s is not None for s in dropped):
         warnings.warn(
             StreamPassWarning(
                 f"torch {torch.__version__}: inductor orders no kernel after a stream sync "

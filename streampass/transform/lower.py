@@ -23,6 +23,7 @@ from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import snapshot
+from streampass.transform.annotations import drop_stream
 from streampass.transform.inductor_order import one_stream, order_readers_after_waits
 from streampass.transform.subgraphs import own_sync_body
 
@@ -147,14 +148,9 @@ def _lower_for_cpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> bool
         graph.erase_node(node)
         changed = True
     for node in graph.nodes:
-        custom = node.meta.get("custom")
-        if isinstance(custom, dict) and "stream" in custom:
-            node.meta[STREAM_KEY] = custom["stream"]
-            rest = {k: v for k, v in custom.items() if k != "stream"}
-            if rest:
-                node.meta["custom"] = rest
-            else:
-                del node.meta["custom"]
+        s = drop_stream(node)
+        if s is not None:
+            node.meta[STREAM_KEY] = s
             changed = True
     if changed:
         _drop_unused_subgraphs(gm)
