@@ -14,8 +14,8 @@ from streampass.values import graph_module_writes
 def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
     """The tensors a ``call_module`` uses without taking them as arguments (``symbolic_trace``
     keeps ``self.lin(x)`` as one call): ``(qualified name, tensor, whether the call writes it)``.
-    A module's parameters are read and its buffers written while it trains (batch norm's running
-    statistics), read otherwise; a module not from ``torch.nn`` (a custom tracer's leaf) writes
+    A module's parameters are read (an embedding with a ``max_norm`` writes its weight) and its
+    buffers written while it trains (batch norm's running statistics), read otherwise; a module not from ``torch.nn`` (a custom tracer's leaf) writes
     its buffers evaluating too. A ``GraphModule`` (``split_module``'s parts) says what it does:
     the tensors its ``get_attr`` nodes name, written where one of its nodes writes them in place,
     and those of the modules its own ``call_module`` nodes call.
@@ -34,11 +34,19 @@ def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
         return []
     if isinstance(module, torch.fx.GraphModule):
         return [(f"{node.target}.{k}", t, w) for k, t, w in _graph_module_state(module)]
-    out = [(f"{node.target}.{k}", p, False) for k, p in module.named_parameters()]
+    out = [(f"{node.target}.{k}", p, _renormed(module, k)) for k, p in module.named_parameters()]
     for k, b in module.named_buffers():
         owner = module.get_submodule(k.rpartition(".")[0])
         out.append((f"{node.target}.{k}", b, owner.training or not _from_torch(owner)))
     return out
+
+
+def _renormed(module: torch.nn.Module, name: str) -> bool:
+    """Whether calling ``module`` writes its parameter ``name``: an embedding with a ``max_norm``
+    renormalizes the rows it looks up in its weight, evaluating too."""
+    owner = module.get_submodule(name.rpartition(".")[0])
+    embeds = isinstance(owner, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and owner.max_norm is not None
+    return embeds and name.rpartition(".")[2] == "weight"
 
 
 def _from_torch(module: torch.nn.Module) -> bool:

@@ -26,10 +26,10 @@ from streampass import ops
 @dataclass(frozen=True)
 class HiddenWrite:
     """The arguments an op writes while ``flag`` (an argument's position and name, and its
-    default when left out) is true; ``flag`` None: always."""
+    default when left out) is set (neither False nor None); ``flag`` None: always."""
 
     written: tuple[tuple[int, str], ...]
-    flag: tuple[int, str, bool] | None
+    flag: tuple[int, str, bool | None] | None
 
 
 _STATS = ((3, "running_mean"), (4, "running_var"))
@@ -61,6 +61,10 @@ _PYTHON: dict[Any, HiddenWrite] = {
     torch.native_batch_norm: _TRAINING,
     torch.instance_norm: HiddenWrite(_STATS, (5, "use_input_stats", False)),
     torch.batch_norm_update_stats: HiddenWrite(((1, "running_mean"), (2, "running_var")), None),
+    # With a max_norm, the rows looked up are renormalized in the weight itself (make_fx records
+    # the aten op that does it, embedding_renorm_, whose schema says so)
+    torch.nn.functional.embedding: HiddenWrite(((1, "weight"),), (3, "max_norm", None)),
+    torch.nn.functional.embedding_bag: HiddenWrite(((1, "weight"),), (3, "max_norm", None)),
 }
 
 
@@ -104,7 +108,7 @@ def hidden_writes(node: torch.fx.Node) -> tuple[int, ...]:
     if entry.flag is not None:
         position, name, default = entry.flag
         on = node.args[position] if position < len(node.args) else node.kwargs.get(name, default)
-        if on is False:
+        if on is False or on is None:
             return ()
     return tuple(i for i, _ in entry.written)
 

@@ -11,7 +11,16 @@ from typing import Any
 import torch
 import torch.fx
 
-from streampass.ops import CONTROL_DEPS, attribute, passthrough_source
+from streampass.ops import CONTROL_DEPS, passthrough_source
+from streampass.python_calls import (
+    called_module,
+    first_argument,
+    in_place,
+    out_argument,
+    rebound_to,
+    result_source,
+    view_of_first,
+)
 from streampass.unannotated_writes import body_writes, hidden_argument_name, hidden_writes
 
 
@@ -22,6 +31,7 @@ class _SchemaFacts:
     writes: tuple[int, ...]  # argument positions the op writes
     alias_args: tuple[tuple[int, str], ...]  # (position, name) of arguments the output may alias
     returns_alias: bool  # whether the first return carries an alias annotation
+    return_args: tuple[int | None, ...] = ()  # per return of several: the argument it is, if any
 
 
 _NO_FACTS = _SchemaFacts((), (), False)
@@ -48,56 +58,29 @@ def _schema_facts(target: Any) -> _SchemaFacts:
             for i, a in enumerate(schema.arguments)
             if a.alias_info is not None and (a.alias_info.before_set & ret.before_set or not ret.before_set)
         )
-    facts = _SchemaFacts(writes, alias_args, ret is not None)
+    return_args: tuple[int | None, ...] = ()
+    if len(schema.returns) > 1:
+        return_args = tuple(_same_set(schema, r.alias_info) for r in schema.returns)
+    facts = _SchemaFacts(writes, alias_args, ret is not None, return_args)
     _facts_cache[id(target)] = (target, facts)
     return facts
 
 
-# Python's operators that write their first argument: ``y += 1`` and ``y[i] = v`` (dynamo and
-# symbolic_trace record them so).
-_INPLACE_OPERATORS = frozenset(
-    {operator.iadd, operator.isub, operator.imul, operator.imatmul, operator.itruediv, operator.ifloordiv,
-     operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
-     operator.setitem}
-)  # fmt: skip
+def _same_set(schema, alias) -> int | None:
+    """The position of the argument in the alias set ``alias`` names (None: a new tensor)."""
+    if alias is None or not alias.before_set:
+        return None
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.before_set & alias.before_set:
+            return i
+    return None
 
-# Calls with no schema (symbolic_trace's ``x.view(-1)``, ``torch.transpose(x, 0, 1)``) whose
-# result shares its first argument's storage: aten's view ops (metadata only), and the calls
-# that return a view whenever they can and copy otherwise (they stay work: the copy reads the
-# source where it runs). A view taken for a copy costs a wait; a copy taken for a view would
-# miss a write through it. Conversions (``.to``, ``.float()``) copy as soon as they change
-# anything and count as copies.
-_VIEW_NAMES = frozenset(
-    {"view", "view_as", "unflatten", "t", "transpose", "swapaxes", "swapdims", "permute", "movedim",
-     "moveaxis", "expand", "expand_as", "squeeze", "unsqueeze", "narrow", "select", "diagonal", "as_strided",
-     "detach", "unfold", "split", "split_with_sizes", "chunk", "tensor_split", "unbind", "view_as_real",
-     "view_as_complex", "real", "imag", "alias", "adjoint"}
-)  # fmt: skip
-_MAYBE_VIEW_NAMES = frozenset({"reshape", "reshape_as", "flatten", "contiguous"})
-# Tensor attributes that are views, as ``symbolic_trace`` records ``w.data`` (``getattr(w, "data")``)
-_VIEW_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
+
 # aten views whose schema carries no alias annotation
-_UNANNOTATED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
-
-
-def _in_place_without_schema(node: torch.fx.Node) -> bool:
-    """Whether a node with no schema to say so writes its first argument, as ``symbolic_trace``
-    records in-place code: ``y.add_(1)`` (a method), ``torch.relu_(y)``, ``y += 1``
-    (``operator.iadd``), ``nn.ReLU(inplace=True)`` (a module). Name and ``inplace`` flag are all
-    there is to go on; a read taken for a write costs a wait, a missed write a race."""
-    if not isinstance(first_argument(node), torch.fx.Node):
-        return False
-    if node.op == "call_method":
-        name = node.target
-    elif node.op == "call_function" and getattr(node.target, "_schema", None) is None:
-        if node.target in _INPLACE_OPERATORS:
-            return True
-        name = getattr(node.target, "__name__", "")
-    elif node.op == "call_module":
-        return getattr(called_module(node), "inplace", False) is True
-    else:
-        return False
-    return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
+_UNANNOTATED_VIEWS = frozenset(
+    {torch.ops.aten._unsafe_view.default, torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.unsafe_chunk.default,
+     torch.ops.aten.unsafe_split_with_sizes.default}
+)  # fmt: skip
 
 
 def argument(node: torch.fx.Node, i: int) -> Any:
@@ -122,31 +105,6 @@ def argument(node: torch.fx.Node, i: int) -> Any:
     return first_argument(node) if i == 0 else node.kwargs.get(hidden_argument_name(node.target, i))
 
 
-def first_argument(node: torch.fx.Node) -> Any:
-    """A call's first argument, positional or given as ``input=`` (``torch.relu_(input=y)``,
-    ``self.relu(input=y)``): what a call with no schema writes or returns a view of."""
-    return node.args[0] if node.args else node.kwargs.get("input")
-
-
-def called_module(node: torch.fx.Node) -> torch.nn.Module | None:
-    """The module a ``call_module`` calls (None for any other node, or a target its graph's
-    module lacks)."""
-    owner = node.graph.owning_module
-    module = attribute(owner, node.target) if owner is not None and node.op == "call_module" else None
-    return module if isinstance(module, torch.nn.Module) else None
-
-
-# Modules whose result is their input (``nn.Identity``; dropout while evaluating) or a view of it
-# whenever it can be (``nn.Flatten``: like ``flatten``, they stay work).
-_RETURNS_INPUT = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Unflatten)
-_DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout)
-
-
-def _module_returns_its_input(node: torch.fx.Node) -> bool:
-    module = called_module(node)
-    return isinstance(module, _RETURNS_INPUT) or (isinstance(module, _DROPOUTS) and not module.training)
-
-
 def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
     """Positions of the arguments an op writes (from its schema's alias annotations, or
     :mod:`streampass.unannotated_writes`; with no schema, its in-place name or module flag).
@@ -166,7 +124,22 @@ def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
     module = called_module(node)
     if isinstance(module, torch.fx.GraphModule):  # the inputs its own graph writes
         return graph_module_writes(module)[1]
-    return body_writes(node) or ((0,) if _in_place_without_schema(node) else ())
+    return body_writes(node) or ((0,) if in_place(node) else ())
+
+
+def written_arguments(node: torch.fx.Node) -> list[Any]:
+    """The arguments ``node`` writes in place (tensors, or lists of them): those at
+    :func:`mutated_arg_positions`, and a schema-less call's ``out=`` (:mod:`streampass.python_calls`).
+
+    >>> g = torch.fx.Graph(); x, y = g.placeholder("x"), g.placeholder("y")
+    >>> [n.name for n in written_arguments(g.call_function(torch.ops.aten.add.out, (x, x), {"out": y}))]
+    ['y']
+    >>> [n.name for n in written_arguments(g.call_function(torch.add, (x, x), {"out": y}))]
+    ['y']
+    """
+    args = [argument(node, i) for i in mutated_arg_positions(node)]
+    out = out_argument(node)
+    return args + [out] if out is not None and node.op != "call_module" else args
 
 
 def is_view(node: torch.fx.Node) -> bool:
@@ -184,7 +157,7 @@ def is_view(node: torch.fx.Node) -> bool:
     if node.target is operator.getitem:
         return indexes_a_tensor(node) and not _advanced(node.args[1])
     if node.op == "call_method" or getattr(node.target, "_schema", None) is None:
-        return _view_without_schema(node, maybe=False)
+        return view_of_first(node, maybe=False)
     if node.target in _UNANNOTATED_VIEWS:
         return True
     facts = _schema_facts(node.target)
@@ -203,32 +176,20 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
     if node.op != "call_function" or getattr(node.target, "_schema", None) is None:
         if node.target is operator.getitem:
             return _getitem_source(node)
-        # an in-place op with no schema returns what it wrote (``y.add_(1)`` is ``y``)
-        if _in_place_without_schema(node) or _view_without_schema(node) or _module_returns_its_input(node):
-            return first_argument(node)
-        return _graph_module_returned_input(node, None)
+        src = result_source(node)  # an in-place call returns what it wrote (``y.add_(1)`` is ``y``)
+        if src is None:
+            return _graph_module_returned_input(node, None)
+        return src if isinstance(src, torch.fx.Node) else None  # a tuple ``out=``: its getitems say
     if node.target in _UNANNOTATED_VIEWS:
         return node.args[0] if isinstance(node.args[0], torch.fx.Node) else None
+    source = rebound_to(node)  # ``z.set_(x)``: z is x's storage from here on
+    if source is not None:
+        return source
     for i, name in _schema_facts(node.target).alias_args:
         arg = node.args[i] if i < len(node.args) else node.kwargs.get(name)
         if isinstance(arg, torch.fx.Node):
             return arg
     return None
-
-
-def _view_without_schema(node: torch.fx.Node, maybe: bool = True) -> bool:
-    """Whether a call with no schema returns a view of its first argument (``maybe``: or may)."""
-    if node.op == "call_method":
-        name = node.target
-    elif node.op == "call_function" and node.target is getattr and len(node.args) == 2:
-        return node.args[1] in _VIEW_ATTRIBUTES and isinstance(node.args[0], torch.fx.Node)  # ``w.data``
-    elif node.op == "call_function" and getattr(node.target, "__module__", None) in ("torch", "torch.functional"):
-        name = node.target.__name__
-    else:
-        return False
-    if not (node.args and isinstance(node.args[0], torch.fx.Node)):
-        return False
-    return name in _VIEW_NAMES or (maybe and name in _MAYBE_VIEW_NAMES)
 
 
 def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -243,11 +204,20 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
         return None
     if indexes_a_tensor(node):
         return None if _advanced(node.args[1]) else seq
+    made, k = _through_passthroughs(seq), node.args[1]
+    if made.op == "call_function" and len(_schema_facts(made.target).return_args) > 1:
+        # One result of several (``max.dim_max``'s ``(Tensor(a!) values, Tensor(b!) indices)``)
+        position = _schema_facts(made.target).return_args[k] if isinstance(k, int) else None
+        arg = argument(made, position) if position is not None else None
+        return arg if isinstance(arg, torch.fx.Node) else None
+    out = out_argument(made)
+    if isinstance(out, (tuple, list)):  # ``torch.max(x, 1, out=(v, i))``
+        return out[k] if isinstance(k, int) and -len(out) <= k < len(out) else None
     # A chunk of split/unbind/chunk (`Tensor(a)[]`) is a view of what the list aliases.
-    made = _through_passthroughs(seq)
-    if (made.op == "call_function" and _schema_facts(made.target).returns_alias) or _view_without_schema(made):
+    facts = _schema_facts(made.target) if made.op == "call_function" else _NO_FACTS
+    if facts.returns_alias or made.target in _UNANNOTATED_VIEWS or view_of_first(made):
         return seq
-    return _graph_module_returned_input(made, node.args[1]) if isinstance(node.args[1], int) else None
+    return _graph_module_returned_input(made, k) if isinstance(k, int) else None
 
 
 def _graph_module_returned_input(node: torch.fx.Node, index: int | None) -> torch.fx.Node | None:
@@ -341,10 +311,10 @@ def graph_module_writes(module: torch.fx.GraphModule) -> tuple[set[torch.fx.Node
     root = _graph_roots(module)
     written: set[torch.fx.Node] = set()
     for n in module.graph.nodes:
-        for i in mutated_arg_positions(n):
-            arg = argument(n, i)
-            if isinstance(arg, torch.fx.Node):
-                written.add(root[arg])
+        for arg in written_arguments(n):
+            for x in arg if isinstance(arg, (list, tuple)) else [arg]:
+                if isinstance(x, torch.fx.Node):
+                    written.add(root[x])
     inputs = module.graph.find_nodes(op="placeholder")
     return written, tuple(i for i, p in enumerate(inputs) if p in written)
 

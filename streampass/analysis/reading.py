@@ -279,6 +279,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
         raise StreamPassError(f"fork to stream {s} is never joined", fork_node.name)
     for node in passthroughs:
         stream[node] = stream[node.args[0]]
+    _merge_rebound(nodes, root)
 
     assignment = StreamAssignment(
         graph=graph,
@@ -373,3 +374,20 @@ def _sync_stream(call: ops.SyncCall, regions: list, recorded: set[int], external
                 node.name,
             )
     return s
+
+
+def _merge_rebound(nodes: list[torch.fx.Node], root: dict[torch.fx.Node, torch.fx.Node]) -> None:
+    """``z.set_(x)`` makes ``z`` share ``x``'s storage from then on. make_fx's later uses read the
+    ``set_`` node, whose root is ``x``'s; symbolic_trace's read ``z``'s own node, whose root names
+    its old storage. Then every node of ``z``'s storage takes ``x``'s, before the ``set_`` too: a
+    conflict taken where there is none costs a wait, a missed one a race."""
+    for i, node in enumerate(nodes):
+        source = values.rebound_to(node) if node.op in ops.CALL_OPS else None
+        if source is None or not isinstance(values.first_argument(node), torch.fx.Node):
+            continue
+        old, new = root[values.first_argument(node)], root[source]
+        used_later = any(root.get(x) is old for later in nodes[i + 1 :] for x in ops.input_nodes(later))
+        if old is not new and used_later:
+            for n, r in root.items():
+                if r is old:
+                    root[n] = new

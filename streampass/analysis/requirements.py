@@ -37,11 +37,12 @@ class Requirement:
 
 @dataclass
 class CrossStreamValue:
-    """A tensor made on one stream and read on others: its memory must not be reused early."""
+    """A tensor made on one stream and used (read, or written in place) on others: its memory must
+    not be reused early."""
 
     value: Node
     stream: int
-    readers: dict[int, list[Node]] = field(default_factory=dict)  # stream -> its readers, in issue order
+    readers: dict[int, list[Node]] = field(default_factory=dict)  # stream -> its users, in issue order
 
 
 def is_tensor_value(node: Node, known: dict[Node, bool] | None = None) -> bool:
@@ -137,8 +138,7 @@ def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
     if not a.is_compute(node):
         return []
     out = []
-    for i in values.mutated_arg_positions(node):
-        arg = values.argument(node, i)
+    for arg in values.written_arguments(node):
         for x in arg if isinstance(arg, (list, tuple)) else [arg]:
             if isinstance(x, torch.fx.Node) and a.root[x] not in out:
                 out.append(a.root[x])
@@ -234,6 +234,7 @@ def requirements(
                 reqs.append(Requirement("entry" if w.op in ("placeholder", "get_attr") else "raw", w, node, r))
             if r in reads_since_write:
                 reads_since_write[r].append(node)
+        for r in _uses(reads, mine):  # a write is a use too: the memory must outlive it
             if r.op in ops.CALL_OPS and s_of[r] != s:
                 cv = cross.get(r)
                 if cv is None:
@@ -278,12 +279,8 @@ class Orderings:
         table = accesses(a) if table is None else table
         reqs, _ = requirements(a, same_stream=True, table=table)
         self.all = [r for r in reqs if not (r.kind == "exit" and r.value is None)]  # exit joins: per streams
-        self.reads = [  # (reader, value) for every read of a value some kernel made, in order
-            (n, r)
-            for n in a.nodes
-            if n in a.compute
-            for r in table[n][0]
-            if r not in table[n][1] and r.op in ops.CALL_OPS
+        self.reads = [  # (user, value) for every use of a value some kernel made, in order
+            (n, r) for n in a.nodes if n in a.compute for r in _uses(*table[n]) if r.op in ops.CALL_OPS
         ]
         self.outputs = {a.root[x] for n in a.nodes if n.op == "output" for x in ops.input_nodes(n)}
         self.output = next((n for n in a.nodes if n.op == "output"), None)
@@ -304,6 +301,11 @@ class Orderings:
                     cv = cross[r] = CrossStreamValue(r, made)
                 cv.readers.setdefault(s, []).append(n)
         return reqs, [c for v, c in cross.items() if v not in self.outputs]
+
+
+def _uses(reads: list[Node], writes: list[Node]) -> list[Node]:
+    """The storages a node uses, each once: those it only reads, then those it writes."""
+    return [r for r in reads if r not in writes] + writes
 
 
 def exit_joins(a: StreamAssignment, output: Node) -> list[Requirement]:

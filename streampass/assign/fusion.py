@@ -29,7 +29,7 @@ from streampass.analysis.requirements import requirements
 from streampass.assign.dag import WorkGraph, fixed_streams
 from streampass.sim.cost import CostModel
 from streampass.sim.tensors import covered_bytes, numel
-from streampass.values import mutated_arg_positions
+from streampass.values import written_arguments
 
 Node = torch.fx.Node
 
@@ -210,7 +210,7 @@ def fused_cost(a: StreamAssignment, groups: list[list[Node]], model: CostModel, 
                     root = a.root.get(inp, inp)
                     read[root] = max(read.get(root, 0), covered_bytes(inp))
         # what leaves the kernel: values read outside it, and storage a member writes in place
-        written = sum(covered_bytes(n) for n in group if n in handed_out or mutated_arg_positions(n))
+        written = sum(covered_bytes(n) for n in group if n in handed_out or written_arguments(n))
         flops = sum(model.node_flops(n) for n in group)
         dtype = next((v.dtype for v in (n.meta.get("val") for n in group) if isinstance(v, torch.Tensor)), None)
         for n in group:

@@ -1,0 +1,196 @@
+"""What a call with no schema does to its arguments: the Python code ``symbolic_trace`` and dynamo
+record (``y.add_(1)``, ``y += 1``, ``torch.add(a, b, out=c)``, ``F.relu(x, inplace=True)``,
+``torch._foreach_add_([x, y], 1)``, ``x.view(-1)``, ``self.relu(x)``). Name, keywords and flags are
+all there is to go on: a read taken for a write costs a wait, a missed write a race. aten ops say
+it in their schemas (:mod:`streampass.values`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from streampass.ops import attribute
+
+# Python's operators that write their first argument: ``y += 1`` and ``y[i] = v`` (dynamo and
+# symbolic_trace record them so).
+_INPLACE_OPERATORS = frozenset(
+    {operator.iadd, operator.isub, operator.imul, operator.imatmul, operator.itruediv, operator.ifloordiv,
+     operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+     operator.setitem}
+)  # fmt: skip
+
+# Calls whose result shares its first argument's storage: aten's view ops (metadata only; the
+# ``unsafe_`` splits are views too, although their schemas say nothing), and the calls that return
+# a view whenever they can and copy otherwise (they stay work: the copy reads the source where it
+# runs). A view taken for a copy costs a wait; a copy taken for a view would miss a write through
+# it. Conversions (``.to``, ``.float()``) copy as soon as they change anything and count as copies.
+VIEW_NAMES = frozenset(
+    {"view", "view_as", "unflatten", "t", "transpose", "swapaxes", "swapdims", "permute", "movedim",
+     "moveaxis", "expand", "expand_as", "squeeze", "unsqueeze", "narrow", "select", "diagonal", "as_strided",
+     "detach", "unfold", "split", "split_with_sizes", "chunk", "tensor_split", "unbind", "view_as_real",
+     "view_as_complex", "real", "imag", "alias", "adjoint", "unsafe_split", "unsafe_split_with_sizes",
+     "unsafe_chunk"}
+)  # fmt: skip
+_MAYBE_VIEW_NAMES = frozenset({"reshape", "reshape_as", "flatten", "contiguous"})
+# Tensor attributes that are views, as ``symbolic_trace`` records ``w.data`` (``getattr(w, "data")``)
+_VIEW_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
+# Modules whose result is their input (``nn.Identity``; dropout while evaluating) or a view of it
+# whenever it can be (``nn.Flatten``: like ``flatten``, they stay work).
+_RETURNS_INPUT = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Unflatten)
+_DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout)
+
+
+def first_argument(node: torch.fx.Node) -> Any:
+    """A call's first argument, positional or given as ``input=`` (``torch.relu_(input=y)``,
+    ``self.relu(input=y)``): what a call with no schema writes or returns a view of."""
+    return node.args[0] if node.args else node.kwargs.get("input")
+
+
+def called_module(node: torch.fx.Node) -> torch.nn.Module | None:
+    """The module a ``call_module`` calls (None for any other node, or a target its graph's
+    module lacks)."""
+    owner = node.graph.owning_module
+    module = attribute(owner, node.target) if owner is not None and node.op == "call_module" else None
+    return module if isinstance(module, torch.nn.Module) else None
+
+
+def _name(node: torch.fx.Node) -> str | None:
+    """The method's or torch function's name of a call with no schema."""
+    if node.op == "call_method":
+        return node.target if isinstance(node.target, str) else None
+    if node.op == "call_function" and getattr(node.target, "_schema", None) is None:
+        name = getattr(node.target, "__name__", None)
+        return name if isinstance(name, str) else None
+    return None
+
+
+def in_place(node: torch.fx.Node) -> bool:
+    """Whether a node with no schema writes its first argument (a tensor, or the list of them a
+    ``_foreach_*_`` op takes): by an in-place name (``y.add_(1)``, ``torch.relu_(y)``), a Python
+    operator (``y += 1``), an ``inplace`` flag (``F.relu(y, inplace=True)``) or a module's
+    (``nn.ReLU(inplace=True)``).
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> F = torch.nn.functional
+    >>> [in_place(n) for n in (g.call_method("add_", (x, 1)), g.call_function(F.relu, (x,), {"inplace": True}))]
+    [True, True]
+    >>> in_place(g.call_function(torch._foreach_add_, ([x, x], 1.0))), in_place(g.call_function(F.relu, (x,)))
+    (True, False)
+    """
+    first = first_argument(node)
+    if not (isinstance(first, torch.fx.Node) or _nodes(first)):
+        return False
+    if node.op == "call_module":
+        return getattr(called_module(node), "inplace", False) is True
+    if node.op == "call_function" and node.target in _INPLACE_OPERATORS:
+        return True
+    name = _name(node)
+    if name is None:
+        return False
+    return (name.endswith("_") and not name.endswith("__")) or _flag(node, "inplace") is True
+
+
+def out_argument(node: torch.fx.Node) -> Any:
+    """What a call with no schema writes its result into (``torch.add(a, b, out=c)``: ``c``; a
+    tuple for several results), or None."""
+    return node.kwargs.get("out") if _name(node) is not None else None
+
+
+def written(node: torch.fx.Node) -> list[Any]:
+    """The arguments (tensors, or lists of them) a call with no schema writes: its first one if
+    :func:`in_place`, and its ``out=``.
+
+    >>> g = torch.fx.Graph(); x, y = g.placeholder("x"), g.placeholder("y")
+    >>> [n.name for n in written(g.call_function(torch.add, (x, x), {"out": y}))]
+    ['y']
+    """
+    out = [first_argument(node)] if in_place(node) else []
+    result = out_argument(node)
+    return out + ([result] if result is not None else [])
+
+
+def result_source(node: torch.fx.Node, maybe_view: bool = True) -> Any:
+    """The argument whose storage a call with no schema returns: its ``out=``, the tensor a
+    ``set_`` rebinds its first argument to, the first argument of an in-place call, a view
+    (``maybe_view``: or a call that may return one) or a module that returns its input; None for
+    a new tensor."""
+    out = out_argument(node)
+    if out is not None:
+        return out
+    source = rebound_to(node)
+    if source is not None:
+        return source
+    if in_place(node) or view_of_first(node, maybe_view) or returns_input(node):
+        return first_argument(node)
+    return None
+
+
+def rebound_to(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor whose storage ``z.set_(x)`` makes its first argument's from then on (``x``),
+    as a method, a function or aten's op; None for any other call.
+
+    >>> g = torch.fx.Graph(); z, x = g.placeholder("z"), g.placeholder("x")
+    >>> rebound_to(g.call_method("set_", (z, x))).name, rebound_to(g.call_function(torch.ops.aten.set_.source_Tensor, (z, x))).name
+    ('x', 'x')
+    """
+    schema = getattr(node.target, "_schema", None)
+    name = schema.name if schema is not None and node.op == "call_function" else _name(node)
+    if name not in ("set_", "aten::set_"):
+        return None
+    source = node.args[1] if len(node.args) > 1 else node.kwargs.get("source")
+    return source if isinstance(source, torch.fx.Node) else None
+
+
+def view_of_first(node: torch.fx.Node, maybe: bool = True) -> bool:
+    """Whether a call with no schema returns a view of its first argument (``maybe``: or may)."""
+    if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
+        return node.args[1] in _VIEW_ATTRIBUTES and isinstance(node.args[0], torch.fx.Node)  # ``w.data``
+    if node.op == "call_method":
+        name = node.target
+    elif node.op == "call_function" and getattr(node.target, "__module__", None) in ("torch", "torch.functional"):
+        name = node.target.__name__
+    else:
+        return False
+    if not (node.args and isinstance(node.args[0], torch.fx.Node)):
+        return False
+    return name in VIEW_NAMES or (maybe and name in _MAYBE_VIEW_NAMES)
+
+
+def returns_input(node: torch.fx.Node) -> bool:
+    """Whether a ``call_module``'s result is its input, or a view of it whenever it can be."""
+    module = called_module(node)
+    return isinstance(module, _RETURNS_INPUT) or (isinstance(module, _DROPOUTS) and not module.training)
+
+
+def _nodes(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list or tuple of nodes (a ``_foreach_*_`` op's tensors)."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, torch.fx.Node) for v in value)
+
+
+_signatures: dict[int, tuple[Any, inspect.Signature | None]] = {}
+
+
+def _flag(node: torch.fx.Node, name: str) -> Any:
+    """The argument ``name`` of a Python function's call, given by keyword or by position."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    if node.op != "call_function":
+        return None
+    hit = _signatures.get(id(node.target))
+    if hit is None or hit[0] is not node.target:
+        try:
+            signature = inspect.signature(node.target)
+        except (TypeError, ValueError):  # a builtin without one
+            signature = None
+        hit = _signatures[id(node.target)] = (node.target, signature)
+    if hit[1] is None or name not in hit[1].parameters:
+        return None
+    try:
+        return hit[1].bind_partial(*node.args).arguments.get(name)
+    except TypeError:
+        return None

@@ -1,0 +1,150 @@
+"""Storage that a node writes or shares although no schema says so, or says it for the first
+result only (issue 12, found by a review with a dynamic oracle that watched each kernel's storage):
+``set_``, several ``out=`` results, the ``unsafe_`` splits, the Python spellings ``symbolic_trace``
+records (``out=``, ``inplace=True``, ``_foreach_*_`` lists, an embedding's ``max_norm``), and a
+value whose last use on another stream is a write.
+
+Each program writes a storage on stream 1 that the ambient stream reads after, under a name
+streampass must see through. The check does not trust streampass's reading: the writer must
+happen before the reader by the syncs, every legal reorder of the result must verify clean and
+compute what the program computes, and a second run must add nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import streampass as sp
+from streampass import ops
+
+from reorder import random_topological_copy
+
+
+def _set(x, y):
+    z = y.clone()
+    z.set_(x)  # z is x's storage from here on
+    with sp.stream(1):
+        z.add_(1)
+    return x * 1
+
+
+def _max_out(x, base):
+    i = base[0]
+    v = torch.empty(4)
+    torch.max(x, 1, out=(v, i))  # the indices land in base
+    with sp.stream(1):
+        i.add_(1)
+    return base * 1
+
+
+def _unsafe_split(x):
+    _, b = x.unsafe_split(2)  # views, though the schema says nothing
+    with sp.stream(1):
+        b.mul_(3)
+    return x * 1
+
+
+def _unsafe_chunk(x):
+    _, b = x.unsafe_chunk(2)
+    with sp.stream(1):
+        b.mul_(3)
+    return x * 1
+
+
+def _out_keyword(x, y):
+    with sp.stream(1):
+        torch.add(x, x, out=y)
+    return y * 1
+
+
+def _foreach(x, y):
+    with sp.stream(1):
+        torch._foreach_add_([x, y], 1.0)
+    return x + y
+
+
+def _inplace_flag(x):
+    with sp.stream(1):
+        F.relu(x, inplace=True)
+        F.leaky_relu(x, 0.1, True)  # the flag given by position
+    return x * 1
+
+
+class _Embedding(torch.nn.Module):
+    def __init__(self, functional: bool):
+        super().__init__()
+        self.functional = functional
+        self.emb = torch.nn.Embedding(10, 4, max_norm=1.0)
+        torch.nn.init.normal_(self.emb.weight, std=3.0)
+
+    def forward(self, idx):
+        with sp.stream(1):  # renormalizes the rows it looks up, in the weight
+            e = F.embedding(idx, self.emb.weight, max_norm=1.0) if self.functional else self.emb(idx)
+        return self.emb.weight.sum() + e.sum()
+
+
+# (name, tracer, program, its inputs, the node that writes on stream 1, the ambient node reading after)
+CASES = [
+    ("set_ make_fx", make_fx, _set, lambda: (torch.randn(4), torch.randn(4)), "add_", "mul"),
+    ("set_ symbolic_trace", torch.fx.symbolic_trace, _set, lambda: (torch.randn(4), torch.randn(4)), "add_", "mul"),
+    ("max out= make_fx", make_fx, _max_out, lambda: (torch.randn(4, 4), torch.zeros(2, 4, dtype=torch.long)), "add_", "mul"),
+    ("max out= symbolic_trace", torch.fx.symbolic_trace, _max_out, lambda: (torch.randn(4, 4), torch.zeros(2, 4, dtype=torch.long)), "add_", "mul"),
+    ("unsafe_split make_fx", make_fx, _unsafe_split, lambda: (torch.randn(4, 4),), "mul_", "mul"),
+    ("unsafe_chunk make_fx", make_fx, _unsafe_chunk, lambda: (torch.randn(4, 4),), "mul_", "mul"),
+    ("unsafe_split symbolic_trace", torch.fx.symbolic_trace, _unsafe_split, lambda: (torch.randn(4, 4),), "mul_", "mul"),
+    ("out= symbolic_trace", torch.fx.symbolic_trace, _out_keyword, lambda: (torch.randn(4), torch.randn(4)), "add", "mul"),
+    ("foreach symbolic_trace", torch.fx.symbolic_trace, _foreach, lambda: (torch.randn(4), torch.randn(4)), "_foreach_add_", "add"),
+    ("inplace= symbolic_trace", torch.fx.symbolic_trace, _inplace_flag, lambda: (torch.randn(4),), "leaky_relu", "mul"),
+    ("Embedding(max_norm) module", torch.fx.symbolic_trace, _Embedding(False).eval(), lambda: (torch.tensor([1, 2]),), "emb", "sum_1"),
+    ("F.embedding(max_norm)", torch.fx.symbolic_trace, _Embedding(True).eval(), lambda: (torch.tensor([1, 2]),), "embedding", "sum_1"),
+]  # fmt: skip
+
+
+def _outputs(gm, args):
+    with torch.no_grad():
+        out = gm(*[a.clone() for a in args])
+    state = [t.detach().clone() for t in gm.state_dict().values()]
+    return [t.clone() for t in (out if isinstance(out, (tuple, list)) else [out])] + state
+
+
+@pytest.mark.parametrize("name, trace, program, inputs, writer, reader", CASES, ids=[c[0] for c in CASES])
+def test_a_write_under_another_name_is_ordered_before_the_ambient_read(name, trace, program, inputs, writer, reader):
+    torch.manual_seed(0)
+    args = inputs()
+    gm = trace(program)(*args) if trace is make_fx else trace(program)
+    want = _outputs(copy.deepcopy(gm), args)
+    result = sp.run(gm)
+    assert result.ok, result.after
+    dag = sp.StreamDAG.from_graph(gm)
+    assert dag.stream_of(writer) == 1 and dag.stream_of(reader) == 0
+    assert dag.happens_before(writer, reader), f"{writer} (stream 1) is not ordered before {reader}"
+    torch.testing.assert_close(_outputs(copy.deepcopy(gm), args), want)
+    for seed in range(4):
+        moved = random_topological_copy(copy.deepcopy(gm), seed)
+        assert sp.verify(moved).ok
+        with sp.runtime.bind(moved):
+            torch.testing.assert_close(_outputs(moved, args), want)
+    assert not sp.run(gm).changed
+
+
+def test_a_value_last_written_on_another_stream_outlives_the_write():
+    """``z`` is made on the ambient stream and last used by an in-place write on stream 1: its
+    memory must not return to the ambient stream's allocator before the write is done, exactly as
+    if the last use were a read."""
+
+    def program(x):
+        z = x * 2
+        with sp.stream(1):
+            z.add_(1)
+        return x.sum()
+
+    gm = make_fx(program)(torch.randn(4))
+    assert "dealloc" in {h.kind for h in sp.verify(gm).hazards}
+    assert sp.run(gm).ok
+    kept = {v.name for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS for v in ops.passthrough_values(n)}
+    assert "mul" in kept  # rides through a wait of the ambient stream, after the write
