@@ -360,7 +360,7 @@ def assign(args: argparse.Namespace) -> int:
     result = run(gm)
     lines += [
         f"predicted: {choice.makespan * 1e6:.1f} us with streams {choice.used}, "
-        f"{choice.single_stream * 1e6:.1f} us on one stream ({choice.single_stream / choice.makespan:.2f}x)",
+        f"{choice.single_stream * 1e6:.1f} us on one stream ({_speedup(choice.single_stream, choice.makespan)})",
         f"pass: {result.summary()}",
     ]
     print("\n".join(lines))
@@ -378,3 +378,8 @@ def assign(args: argparse.Namespace) -> int:
         )
         print(f"HTML report: {path.resolve()}")
     return 0 if result.ok else 1
+
+
+def _speedup(single: float, makespan: float) -> str:
+    """``single / makespan`` as a factor; a graph with no kernels has none."""
+    return f"{single / makespan:.2f}x" if makespan > 0 else "no kernels to time"

@@ -4,8 +4,11 @@ one stream, fixed annotations kept, streams only where they pay."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
+import pickle
 import random
+import re
 
 import networkx as nx
 import pytest
@@ -21,7 +24,7 @@ from streampass.assign.fusion import fused_cost, fusion_groups
 from streampass.assign.memory import peak_bytes
 from streampass.assign.select import MEM_TIE, TIE
 from streampass.runtime import run_serial
-from streampass.sim.cost import CostModel
+from streampass.sim.cost import PROFILES, CostModel
 from streampass.synthetic import random_inputs, random_stream_graph
 
 from training_job import aten_100us
@@ -153,6 +156,44 @@ def test_big_independent_matmuls_get_several_streams_and_tiny_ones_one():
     assert tiny.used == [0] and tiny.candidate == "one stream"
     assert "do not pay" in tiny.explain()
     assert tiny.waits == 0 and tiny.makespan == tiny.single_stream
+
+
+def test_a_budget_that_rules_out_the_faster_candidates_says_so_not_that_streams_do_not_pay():
+    gm = _branches(3, 4096)
+    free = sp.assign_streams(gm, "h100")
+    one = next(e for e in free.candidates if e.name == "one stream")
+    assert free.makespan < one.makespan  # streams pay here, given the memory
+    tight = sp.assign_streams(gm, "h100", memory_budget=one.peak_bytes)
+    assert tight.candidate == "one stream" and tight.peak_bytes <= one.peak_bytes
+    said = tight.explain()
+    assert "do not pay" not in said and "within memory_budget" in said, said
+
+
+def test_a_choice_can_be_deep_copied_and_pickled():
+    """A choice holds its cost model and candidates' schedules; notebooks and multiprocessing copy it."""
+    choice = sp.assign_streams(_branches(3, 4096), "h100")
+    for twin in (copy.deepcopy(choice), pickle.loads(pickle.dumps(choice))):
+        assert twin.streams == choice.streams and twin.model.profile == choice.model.profile
+        assert twin.schedule.makespan == pytest.approx(choice.schedule.makespan)
+
+
+@pytest.mark.parametrize(
+    "cost, says",
+    [
+        (lambda: CostModel("h100", {"mm": float("nan")}), "node 'mm': its time override must be a finite number"),
+        (lambda: CostModel("h100", {"mm_1": -1e-3}), "node 'mm_1': its time override must be a finite number"),
+        (lambda: CostModel("h100", {"mm": "fast"}), "node 'mm': its time override 'fast' is no number"),
+        (lambda: CostModel("h100", lambda n: float("inf")), "its time override must be a finite number"),
+        (lambda: dataclasses.replace(PROFILES["h100"], mem_bandwidth=0.0), "mem_bandwidth must be a finite number > 0"),
+        (lambda: dataclasses.replace(PROFILES["h100"], sync_cost=float("nan")), "sync_cost must be a finite number"),
+    ],
+)
+def test_a_cost_model_that_prices_nonsense_is_refused_by_name(cost, says):
+    gm = _branches(2, 256, device="cpu")
+    before = gm.code
+    with pytest.raises(sp.StreamPassError, match=re.escape(says)):
+        sp.assign_streams(gm, cost=cost())
+    assert gm.code == before
 
 
 def test_cpu_profile_keeps_one_stream_and_says_why():

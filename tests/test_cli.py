@@ -82,6 +82,9 @@ def user_folder(tmp_path):
         def make_nothing():
             return 3
 
+        def views_only(x):
+            return x.view(-1), x[0]
+
         side, other = torch.Stream("cpu"), torch.Stream("cpu")
 
         def torch_streams(x, w):
@@ -276,6 +279,12 @@ def test_assign_keeps_small_programs_on_one_stream(user_folder):
     out = _run("assign", "mymod:f", "--shapes", "8x4,4x4", "--html", "", cwd=user_folder)
     assert out.returncode == 0, out.stderr
     assert "streams [0, 1]" in out.stdout  # the program's own stream 1 stays; nothing added
+
+
+def test_assign_on_a_program_with_no_kernels_reports_it(user_folder):
+    out = _run("assign", "mymod:views_only", "--shapes", "8x8", "--html", "", cwd=user_folder)
+    assert out.returncode == 0, out.stderr
+    assert "(no kernels to time)" in out.stdout and "0 after" in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize(

@@ -300,7 +300,13 @@ def _choice(w, best, single, evals, skipped, free, model, memory_budget) -> Stre
     note = ""
     if best is single and len(evals) + len(skipped) > 1:
         rival = min((e for e in evals if e is not single), key=lambda e: e.makespan, default=None)
-        if rival is not None:
+        if rival is not None and rival.makespan < single.makespan and rival.peak_bytes > budget:
+            note = (
+                f"one stream within memory_budget={memory_budget}: the faster candidates need more memory "
+                f"({rival.name!r} predicts {rival.makespan * 1e6:.1f} us against {single.makespan * 1e6:.1f} us, "
+                f"peak {rival.peak_bytes} bytes against {single.peak_bytes})"
+            )
+        elif rival is not None:
             note = (
                 f"streams do not pay: the best multi-stream candidate ({rival.name!r}) predicts "
                 f"{rival.makespan * 1e6:.1f} us against {single.makespan * 1e6:.1f} us on one stream"
@@ -338,6 +344,8 @@ def _reasons(w: WorkGraph, best: Evaluation, note: str) -> dict[str, str]:
         elif s == AMBIENT:
             if note.startswith("streams do not pay"):
                 out[n.name] = "on the ambient stream: streams do not pay for this graph"
+            elif note.startswith("one stream within memory_budget"):
+                out[n.name] = "on the ambient stream: the faster multi-stream candidates exceed memory_budget"
             else:
                 out[n.name] = best.notes.get(n.name, f"placed on the ambient stream by {best.name!r}")
     return out

@@ -52,6 +52,11 @@ class Evaluation:
             self.built = self.replay()
         return self.built
 
+    def __getstate__(self) -> dict:
+        # A copy or pickle carries the schedule, not the closure over the graph that builds it
+        # (a closure cannot be pickled, and an unpickled graph is traced again, with new names).
+        return {**self.__dict__, "built": self.schedule, "replay": None}
+
     @property
     def used(self) -> list[int]:
         """The streams the candidate puts work on."""

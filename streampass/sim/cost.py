@@ -24,6 +24,7 @@ tensors all work. See ``docs/cost_model.md`` for the numbers and the limits.
 
 from __future__ import annotations
 
+import math
 import operator
 import types
 from collections.abc import Callable, Mapping
@@ -36,9 +37,26 @@ from torch.fx.node import map_aggregate
 from torch.utils.flop_counter import flop_registry
 
 from streampass import ops
+from streampass.errors import StreamPassError
 from streampass.sim.tensors import concrete_shape, hint, node_value, tensor_bytes, tensors
 
 __all__ = ["PROFILES", "CostModel", "DeviceProfile", "Overrides"]
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _seconds(value: object, node: torch.fx.Node) -> float:
+    """An override's time for ``node``, refused unless a finite number of seconds >= 0 (a failed
+    profiler run's NaN would empty the search's ties; a negative time would price nonsense)."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise StreamPassError(f"its time override {value!r} is no number of seconds", node.name) from None
+    if not math.isfinite(t) or t < 0:
+        raise StreamPassError(f"its time override must be a finite number of seconds >= 0, got {value!r}", node.name)
+    return t
 
 
 @dataclass(frozen=True)
@@ -67,8 +85,22 @@ class DeviceProfile:
 
     def __post_init__(self) -> None:
         if not self.peak_flops:
-            raise ValueError(f"profile {self.name!r}: peak_flops is empty")
+            raise StreamPassError(f"profile {self.name!r}: peak_flops is empty")
+        rates = {f"peak_flops[{k}]": v for k, v in self.peak_flops.items()}
+        rates["mem_bandwidth"] = self.mem_bandwidth
+        for what, v in rates.items():
+            if not _finite(v) or v <= 0:
+                raise StreamPassError(f"profile {self.name!r}: {what} must be a finite number > 0, got {v!r}")
+        for what in ("launch_overhead", "sync_cost"):
+            v = getattr(self, what)
+            if not _finite(v) or v < 0:
+                raise StreamPassError(f"profile {self.name!r}: {what} must be a finite number >= 0, got {v!r}")
         object.__setattr__(self, "peak_flops", types.MappingProxyType(dict(self.peak_flops)))
+
+    def __reduce__(self):
+        # a mappingproxy cannot be pickled or deep-copied: rebuild from a plain dict
+        fields = (self.mem_bandwidth, self.launch_overhead, self.sync_cost, self.concurrent_streams)
+        return (DeviceProfile, (self.name, dict(self.peak_flops), *fields))
 
     def flops_for(self, dtype: torch.dtype | None) -> float:
         """FLOP/s for ``dtype``, falling back as described on the class.
@@ -244,13 +276,12 @@ class CostModel:
         return {node: self._time(node, seen) for node in nodes}
 
     def _time(self, node: torch.fx.Node, seen: dict | None) -> float:
+        value = None
         if callable(self.overrides):
             value = self.overrides(node)
-            if value is not None:
-                return float(value)
-        elif self.overrides is not None and node.name in self.overrides:
-            return float(self.overrides[node.name])
-        return self._estimate(node, seen)
+        elif self.overrides is not None:
+            value = self.overrides.get(node.name)
+        return self._estimate(node, seen) if value is None else _seconds(value, node)
 
     def graph_times(self, graph: torch.fx.Graph | torch.fx.GraphModule) -> dict[str, float]:
         """``node_time`` for every node, keyed by node name, in graph order.
