@@ -196,6 +196,29 @@ def test_a_cost_model_that_prices_nonsense_is_refused_by_name(cost, says):
     assert gm.code == before
 
 
+class _CondWithSideStream(torch.nn.Module):
+    def forward(self, x, b, w1, w2, w3):
+        a, c, d, e = x @ w1, x @ w2, x @ w3, (x * 2) @ w1
+
+        def branch(y):
+            with sp.stream(1):
+                u = y.cos() @ y
+            return u * 2
+
+        return a + torch.cond(a.sum() > 0, branch, lambda y: y.tan(), (b,)) + c + d + e
+
+
+def test_a_stream_a_body_uses_is_not_given_to_the_caller_s_nodes():
+    """The cond's branch runs work on stream 1: the caller's side streams must be others, or the
+    pricing would take the branch's kernels and the caller's for one stream's."""
+    args = tuple(torch.randn(64, 64) for _ in range(5))
+    gm = torch.export.export(_CondWithSideStream(), args, strict=True).graph_module
+    model = CostModel("h100", lambda n: 1e-3 if "matmul" in str(n.target) else None)  # streams pay
+    choice = sp.assign_streams(gm, cost=model, max_streams=4)
+    assert len(choice.used) > 1, choice
+    assert 1 not in choice.used
+
+
 def test_cpu_profile_keeps_one_stream_and_says_why():
     """The same big independent matmuls priced for a CPU, whose streams run one after another:
     nothing can overlap, so one stream, without pricing the others."""

@@ -28,9 +28,11 @@ Node = torch.fx.Node
 Candidate = tuple[dict[Node, int], dict[Node, str]]
 
 
-def stream_slots(a: StreamAssignment, max_streams: int, side_streams: Iterable[int] | None = None) -> list[int]:
+def stream_slots(
+    a: StreamAssignment, max_streams: int, side_streams: Iterable[int] | None = None, taken: Iterable[int] = ()
+) -> list[int]:
     """The ambient stream and ``max_streams - 1`` side streams no node or event of the graph uses,
-    taken from ``side_streams`` in order if given (a compiler that knows which indices are free
+    nor ``taken`` (the streams of the bodies it calls: ``torch.cond``'s branches), taken from ``side_streams`` in order if given (a compiler that knows which indices are free
     at run time), else the smallest free indices. At most one side stream per compute node of
     the graph: no candidate puts a branch, a chain or a node on more (a larger ``max_streams``
     changes no choice, and costs neither time nor memory).
@@ -40,7 +42,7 @@ def stream_slots(a: StreamAssignment, max_streams: int, side_streams: Iterable[i
     >>> stream_slots(a, 3), stream_slots(a, 3, side_streams=[7, 8, 9]), stream_slots(a, 10**9)
     ([0, 1, 2], [0, 7, 8], [0, 1, 2])
     """
-    used = set(a.streams) | a.events()
+    used = set(a.streams) | a.events() | set(taken)
     out = [AMBIENT]
     most = max(1, min(max_streams, len(a.compute) + 1))
     pool = side_streams if side_streams is not None else itertools.count(1)

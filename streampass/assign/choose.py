@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
+from streampass.analysis.bodies import streams_below
 from streampass.analysis.reading import read_streams
 from streampass.assign import candidates as cand
 from streampass.assign.dag import WorkGraph, fixed_streams, work_graph
@@ -252,7 +253,7 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
     if groups:
         model = fused_cost(a, groups, model, fixed)
     w = work_graph(a, model, fixed)
-    slots = cand.stream_slots(a, max_streams, side_streams)
+    slots = cand.stream_slots(a, max_streams, side_streams, streams_below(gm, a))
     free = frozenset(n.name for n in w.free)
     budget = float("inf") if memory_budget is None else memory_budget
     search = Search(gm, a, w, free, model, cpu_launch, events, budget, prune=not exhaustive)
