@@ -217,7 +217,20 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     facts = _schema_facts(made.target) if made.op == "call_function" else _NO_FACTS
     if facts.returns_alias or made.target in _UNANNOTATED_VIEWS or view_of_first(made):
         return seq
-    return _graph_module_returned_input(made, k) if isinstance(k, int) else None
+    if isinstance(called_module(made), torch.fx.GraphModule):
+        return _graph_module_returned_input(made, k) if isinstance(k, int) else None
+    if _undescribed(made):
+        return seq  # ``F.layer_norm(w, (4,))[0]``: a row of a tensor, or a result nothing says is new
+    return None
+
+
+def _undescribed(node: torch.fx.Node) -> bool:
+    """Whether nothing says what ``node`` returns: a Python call with no schema, as
+    ``symbolic_trace`` records ``F.layer_norm(x, s)`` or ``self.lstm(x)`` (not torch's operators,
+    whose schemas or bodies do)."""
+    if node.op in ("call_method", "call_module"):
+        return True
+    return node.op == "call_function" and not isinstance(node.target, torch._ops.OperatorBase)
 
 
 def _graph_module_returned_input(node: torch.fx.Node, index: int | None) -> torch.fx.Node | None:

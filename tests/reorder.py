@@ -30,7 +30,7 @@ def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch
     accesses: dict[object, list[torch.fx.Node]] = {}
     last_write: dict[object, torch.fx.Node] = {}
     for n in nodes:
-        args = [values.argument(n, i) for i in values.mutated_arg_positions(n)]
+        args = [x for a in values.written_arguments(n) for x in (a if isinstance(a, (list, tuple)) else [a])]
         written = {root[x] for x in args if isinstance(x, torch.fx.Node)}
         state = modules.module_state(n) if n.op == "call_module" else []
         hidden = [values.attribute_storage(name, t) for name, t, _ in state]
@@ -60,7 +60,7 @@ def random_topological_copy(gm: torch.fx.GraphModule, seed: int) -> torch.fx.Gra
     nodes = list(gm.graph.nodes)
     extra = _mutation_order(nodes)
     output = next(n for n in nodes if n.op == "output")
-    extra[output].update(n for n in nodes if values.mutated_arg_positions(n) and not n.users)
+    extra[output].update(n for n in nodes if values.written_arguments(n) and not n.users)
     users: dict[torch.fx.Node, set[torch.fx.Node]] = {n: set(n.users) for n in nodes}
     for n, before in extra.items():
         for b in before:

@@ -148,3 +148,47 @@ def test_a_value_last_written_on_another_stream_outlives_the_write():
     assert sp.run(gm).ok
     kept = {v.name for n in gm.graph.nodes if n.target is ops.CONTROL_DEPS for v in ops.passthrough_values(n)}
     assert "mul" in kept  # rides through a wait of the ambient stream, after the write
+
+
+def test_an_index_of_a_call_nothing_describes_is_a_view_of_its_result():
+    """``symbolic_trace`` records ``v[0]`` of ``v = F.layer_norm(w, (4,))`` as a getitem of a call
+    with no schema and no metadata: it was read as one result of a multi-output op, a new tensor,
+    so ``v[0].copy_(v[1])`` on stream 1 did not count as a write of ``v`` and the ambient read of
+    ``v`` before it got no wait (found by the storage-oracle property test)."""
+
+    def program(w, x):
+        v = F.layer_norm(w, (4,))
+        out = v + x
+        with sp.stream(1):
+            v[0].copy_(v[1])
+        return out, v
+
+    gm = torch.fx.symbolic_trace(program)
+    args = (torch.randn(4, 4), torch.randn(4, 4))
+    want = program(*[a.clone() for a in args])
+    assert sp.run(gm).ok
+    dag = sp.StreamDAG.from_graph(gm)
+    assert dag.happens_before("add", "copy_")  # the read, then the write
+    torch.testing.assert_close(gm(*[a.clone() for a in args]), want)
+
+
+def test_a_graph_returning_only_a_module_tensor_still_returns_after_its_syncs():
+    """The output reads nothing made after the last sync but a module tensor: it reads that through
+    the sync, or a sort that places the output first (``legalize_graph``) leaves the syncs after
+    FX's ``return`` (found by the storage-oracle property test)."""
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4), requires_grad=False)
+            self.register_buffer("buf", torch.randn(4, 4))
+
+        def forward(self, x):
+            with sp.stream(1):
+                self.w.mul_(x)
+            return (self.buf,)
+
+    gm = torch.fx.symbolic_trace(M())
+    assert sp.run(gm).ok
+    for seed in range(6):
+        assert sp.verify(random_topological_copy(copy.deepcopy(gm), seed)).ok

@@ -97,7 +97,10 @@ def output_value_to_thread(out: Node, last: Node, index: dict[Node, int]) -> tup
 
 def _tensor_like(n: Node) -> bool:
     val = n.meta.get("val")
-    return isinstance(val, torch.Tensor) or ("val" not in n.meta and n.op != "get_attr")
+    if n.op == "get_attr":  # a module's tensor (a graph returning only that still follows the syncs)
+        owner = n.graph.owning_module
+        return isinstance(val, torch.Tensor) or isinstance(ops.attribute(owner, n.target), torch.Tensor)
+    return isinstance(val, torch.Tensor) or "val" not in n.meta
 
 
 def reads_an_input(node: Node, memo: dict[Node, bool]) -> bool:
