@@ -141,13 +141,13 @@ def check(seed: int, n_steps: int, n_streams: int, tracer: str) -> None:
     assert not sp.run(gm).changed, source
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), n_steps=st.integers(2, 12), n_streams=st.integers(2, 4))
 def test_random_programs_leave_no_access_to_real_storage_unordered_make_fx(seed, n_steps, n_streams):
     check(seed, n_steps, n_streams, "make_fx")
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), n_steps=st.integers(2, 12), n_streams=st.integers(2, 4))
 def test_random_programs_leave_no_access_to_real_storage_unordered_symbolic_trace(seed, n_steps, n_streams):
     check(seed, n_steps, n_streams, "symbolic_trace")
