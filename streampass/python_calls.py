@@ -29,7 +29,7 @@ _INPLACE_OPERATORS = frozenset(
 # a view whenever they can and copy otherwise (they stay work: the copy reads the source where it
 # runs). A view taken for a copy costs a wait; a copy taken for a view would miss a write through
 # it. Conversions (``.to``, ``.float()``) copy as soon as they change anything and count as copies.
-VIEW_NAMES = frozenset(
+_VIEW_NAMES = frozenset(
     {"view", "view_as", "unflatten", "t", "transpose", "swapaxes", "swapdims", "permute", "movedim",
      "moveaxis", "expand", "expand_as", "squeeze", "unsqueeze", "narrow", "select", "diagonal", "as_strided",
      "detach", "unfold", "split", "split_with_sizes", "chunk", "tensor_split", "unbind", "view_as_real",
@@ -101,31 +101,22 @@ def out_argument(node: torch.fx.Node) -> Any:
     return node.kwargs.get("out") if _name(node) is not None else None
 
 
-def written(node: torch.fx.Node) -> list[Any]:
-    """The arguments (tensors, or lists of them) a call with no schema writes: its first one if
-    :func:`in_place`, and its ``out=``.
+def result_source(node: torch.fx.Node) -> Any:
+    """The argument whose storage a call with no schema returns: its ``out=``, the tensor a
+    ``set_`` rebinds its first argument to, the first argument of an in-place call, a view (or a
+    call that may return one) or a module that returns its input; None for a new tensor.
 
     >>> g = torch.fx.Graph(); x, y = g.placeholder("x"), g.placeholder("y")
-    >>> [n.name for n in written(g.call_function(torch.add, (x, x), {"out": y}))]
-    ['y']
+    >>> [result_source(n).name for n in (g.call_function(torch.add, (x, x), {"out": y}), g.call_method("t", (x,)))]
+    ['y', 'x']
     """
-    out = [first_argument(node)] if in_place(node) else []
-    result = out_argument(node)
-    return out + ([result] if result is not None else [])
-
-
-def result_source(node: torch.fx.Node, maybe_view: bool = True) -> Any:
-    """The argument whose storage a call with no schema returns: its ``out=``, the tensor a
-    ``set_`` rebinds its first argument to, the first argument of an in-place call, a view
-    (``maybe_view``: or a call that may return one) or a module that returns its input; None for
-    a new tensor."""
     out = out_argument(node)
     if out is not None:
         return out
     source = rebound_to(node)
     if source is not None:
         return source
-    if in_place(node) or view_of_first(node, maybe_view) or returns_input(node):
+    if in_place(node) or view_of_first(node) or returns_input(node):
         return first_argument(node)
     return None
 
@@ -135,7 +126,8 @@ def rebound_to(node: torch.fx.Node) -> torch.fx.Node | None:
     as a method, a function or aten's op; None for any other call.
 
     >>> g = torch.fx.Graph(); z, x = g.placeholder("z"), g.placeholder("x")
-    >>> rebound_to(g.call_method("set_", (z, x))).name, rebound_to(g.call_function(torch.ops.aten.set_.source_Tensor, (z, x))).name
+    >>> method, op = g.call_method("set_", (z, x)), g.call_function(torch.ops.aten.set_.source_Tensor, (z, x))
+    >>> rebound_to(method).name, rebound_to(op).name
     ('x', 'x')
     """
     schema = getattr(node.target, "_schema", None)
@@ -158,7 +150,7 @@ def view_of_first(node: torch.fx.Node, maybe: bool = True) -> bool:
         return False
     if not (node.args and isinstance(node.args[0], torch.fx.Node)):
         return False
-    return name in VIEW_NAMES or (maybe and name in _MAYBE_VIEW_NAMES)
+    return name in _VIEW_NAMES or (maybe and name in _MAYBE_VIEW_NAMES)
 
 
 def returns_input(node: torch.fx.Node) -> bool:
