@@ -24,6 +24,12 @@ _INPLACE_OPERATORS = frozenset(
      operator.setitem}
 )  # fmt: skip
 
+# The same as methods, as ``symbolic_trace`` records ``self.buf[0] = v`` on a module tensor
+_INPLACE_DUNDERS = frozenset(
+    {"__setitem__", "__iadd__", "__isub__", "__imul__", "__imatmul__", "__itruediv__", "__ifloordiv__", "__imod__",
+     "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"}
+)  # fmt: skip
+
 # Calls whose result shares its first argument's storage: aten's view ops (metadata only; the
 # ``unsafe_`` splits are views too, although their schemas say nothing), and the calls that return
 # a view whenever they can and copy otherwise (they stay work: the copy reads the source where it
@@ -72,7 +78,7 @@ def _name(node: torch.fx.Node) -> str | None:
 def in_place(node: torch.fx.Node) -> bool:
     """Whether a node with no schema writes its first argument (a tensor, or the list of them a
     ``_foreach_*_`` op takes): by an in-place name (``y.add_(1)``, ``torch.relu_(y)``), a Python
-    operator (``y += 1``), an ``inplace`` flag (``F.relu(y, inplace=True)``) or a module's
+    operator (``y += 1``, or ``buf.__setitem__`` as a method), an ``inplace`` flag (``F.relu(y, inplace=True)``) or a module's
     (``nn.ReLU(inplace=True)``).
 
     >>> g = torch.fx.Graph(); x = g.placeholder("x")
@@ -92,7 +98,8 @@ def in_place(node: torch.fx.Node) -> bool:
     name = _name(node)
     if name is None:
         return False
-    return (name.endswith("_") and not name.endswith("__")) or _flag(node, "inplace") is True
+    named = name in _INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
+    return named or _flag(node, "inplace") is True
 
 
 def out_argument(node: torch.fx.Node) -> Any:

@@ -83,6 +83,16 @@ _UNANNOTATED_VIEWS = frozenset(
 )  # fmt: skip
 
 
+# aten ops whose schema says they return their input (``Tensor(a)``) but which copy when they must:
+# ``x.t().contiguous()`` launches a kernel that reads ``x``. torch.export and pre-dispatch graphs
+# keep them. Like their Python spellings (:mod:`streampass.python_calls`) they share their input's
+# storage for what writes through them, and stay work.
+_MAYBE_VIEWS = frozenset(
+    {"aten::contiguous", "aten::reshape", "aten::reshape_as", "aten::flatten", "aten::to", "aten::type_as",
+     "aten::resolve_conj", "aten::resolve_neg"}
+)  # fmt: skip
+
+
 def argument(node: torch.fx.Node, i: int) -> Any:
     """A call's argument at position ``i``, given positionally or by keyword: by its schema's
     name, or, with no schema, ``input=`` for the first (:func:`first_argument`).
@@ -160,6 +170,8 @@ def is_view(node: torch.fx.Node) -> bool:
         return view_of_first(node, maybe=False)
     if node.target in _UNANNOTATED_VIEWS:
         return True
+    if node.target._schema.name in _MAYBE_VIEWS:
+        return False
     facts = _schema_facts(node.target)
     return facts.returns_alias and not facts.writes
 

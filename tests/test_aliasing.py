@@ -88,6 +88,19 @@ class _Embedding(torch.nn.Module):
         return self.emb.weight.sum() + e.sum()
 
 
+class _SetItem(torch.nn.Module):
+    """``symbolic_trace`` records ``self.buf[0] = v`` as the method ``__setitem__``, not ``operator.setitem``."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buf", torch.randn(4, 4))
+
+    def forward(self, x):
+        with sp.stream(1):
+            self.buf[0] = x[1]
+        return x + self.buf  # (``self.buf * 1`` would be computed while tracing: no proxy in it)
+
+
 # (name, tracer, program, its inputs, the node that writes on stream 1, the ambient node reading after)
 CASES = [
     ("set_ make_fx", make_fx, _set, lambda: (torch.randn(4), torch.randn(4)), "add_", "mul"),
@@ -101,6 +114,7 @@ CASES = [
     ("foreach symbolic_trace", torch.fx.symbolic_trace, _foreach, lambda: (torch.randn(4), torch.randn(4)), "_foreach_add_", "add"),
     ("inplace= symbolic_trace", torch.fx.symbolic_trace, _inplace_flag, lambda: (torch.randn(4),), "leaky_relu", "mul"),
     ("Embedding(max_norm) module", torch.fx.symbolic_trace, _Embedding(False).eval(), lambda: (torch.tensor([1, 2]),), "emb", "sum_1"),
+    ("__setitem__ method", torch.fx.symbolic_trace, _SetItem(), lambda: (torch.randn(4, 4),), "setitem", "add"),
     ("F.embedding(max_norm)", torch.fx.symbolic_trace, _Embedding(True).eval(), lambda: (torch.tensor([1, 2]),), "embedding", "sum_1"),
 ]  # fmt: skip
 
@@ -192,3 +206,24 @@ def test_a_graph_returning_only_a_module_tensor_still_returns_after_its_syncs():
     assert sp.run(gm).ok
     for seed in range(6):
         assert sp.verify(random_topological_copy(copy.deepcopy(gm), seed)).ok
+
+
+def test_an_exported_contiguous_that_copies_is_work_that_reads_its_input():
+    """``torch.export`` keeps ``aten.contiguous`` (and ``reshape``, ``flatten``, ``to``), whose schemas
+    say they return their input: on ``x.t()`` they launch a copy kernel that reads ``x``. Read as a
+    view, the copy on stream 1 got no wait for the input, no order before the ambient ``x.mul_(2)``,
+    and no join (found by a storage-oracle fuzz)."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            with sp.stream(1):
+                t = x.t().contiguous()
+            x.mul_(2)
+            return (t,)
+
+    gm = torch.export.export(M(), (torch.randn(4, 4),), strict=False).module()
+    assert sp.run(gm).ok
+    dag = sp.StreamDAG.from_graph(gm)
+    copy_kernel = next(n.name for n in gm.graph.nodes if "contiguous" in n.name)
+    assert dag.stream_of(copy_kernel) == 1
+    assert dag.happens_before(copy_kernel, "mul_") and dag.happens_before(copy_kernel, "output")

@@ -1,7 +1,7 @@
 """Random programs that write through views, aliases and Python spellings, on random streams,
 checked by a race detector that watches real storage (``storage_oracle.py``) rather than reading
-it the way streampass does (issue 12). Each program is traced by ``make_fx`` and by
-``symbolic_trace``; after ``run``, every conflicting pair of accesses on different streams must
+it the way streampass does (issue 12). Each program is traced by ``make_fx``, by ``symbolic_trace``
+and by ``torch.export``; after ``run``, every conflicting pair of accesses on different streams must
 be ordered, the result must compute what the program computes (outputs, inputs and module state),
 a legal reorder must verify clean and compute the same, and a second ``run`` must add nothing.
 """
@@ -115,8 +115,9 @@ def _traced(module: Program, tracer: str, args) -> torch.fx.GraphModule:
     module = copy.deepcopy(module)
     if tracer == "make_fx":
         return make_fx(module)(*[a.clone() for a in args])
-    gm = torch.fx.symbolic_trace(module)
-    return gm
+    if tracer == "export":  # keeps composite ops (contiguous, reshape) make_fx decomposes
+        return torch.export.export(module, tuple(a.clone() for a in args), strict=False).module()
+    return torch.fx.symbolic_trace(module)
 
 
 def check(seed: int, n_steps: int, n_streams: int, tracer: str) -> None:
@@ -151,3 +152,9 @@ def test_random_programs_leave_no_access_to_real_storage_unordered_make_fx(seed,
 @given(seed=st.integers(0, 10_000), n_steps=st.integers(2, 12), n_streams=st.integers(2, 4))
 def test_random_programs_leave_no_access_to_real_storage_unordered_symbolic_trace(seed, n_steps, n_streams):
     check(seed, n_steps, n_streams, "symbolic_trace")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n_steps=st.integers(2, 12), n_streams=st.integers(2, 4))
+def test_random_programs_leave_no_access_to_real_storage_unordered_export(seed, n_steps, n_streams):
+    check(seed, n_steps, n_streams, "export")
