@@ -53,14 +53,21 @@ def random_topological_copy(gm: torch.fx.GraphModule, seed: int) -> torch.fx.Gra
     Placeholders stay first. The output is drawn like any node once its inputs are placed, so
     it may come before nodes it does not depend on, as in ``legalize_graph``'s sort (FX's code
     returns there: a sync after it never runs). It stays after the program's own writes in place
-    that nothing reads (``copy_`` into an input): a pass that put the output first would drop
-    them, with or without streams, and reading refuses a node after the output.
+    that it does not depend on (``copy_`` into an input, a write whose result only an unused view
+    reads): a pass that put the output first would drop them, with or without streams, and
+    reading refuses a node after the output.
     """
     rng = random.Random(seed)
     nodes = list(gm.graph.nodes)
     extra = _mutation_order(nodes)
     output = next(n for n in nodes if n.op == "output")
-    extra[output].update(n for n in nodes if values.written_arguments(n) and not n.users)
+    needed, todo = set(), [output]  # what the output depends on
+    while todo:
+        for x in todo.pop().all_input_nodes:
+            if x not in needed:
+                needed.add(x)
+                todo.append(x)
+    extra[output].update(n for n in nodes if n not in needed and values.written_arguments(n))
     users: dict[torch.fx.Node, set[torch.fx.Node]] = {n: set(n.users) for n in nodes}
     for n, before in extra.items():
         for b in before:
