@@ -15,8 +15,8 @@ def module_state(node: torch.fx.Node) -> list[tuple[str, torch.Tensor, bool]]:
     """The tensors a ``call_module`` uses without taking them as arguments (``symbolic_trace``
     keeps ``self.lin(x)`` as one call): ``(qualified name, tensor, whether the call writes it)``.
     A module's parameters are read (an embedding with a ``max_norm`` writes its weight) and its
-    buffers written while it trains (batch norm's running statistics), read otherwise; a module not from ``torch.nn`` (a custom tracer's leaf) writes
-    its buffers evaluating too. A ``GraphModule`` (``split_module``'s parts) says what it does:
+    buffers written while it trains (batch norm's running statistics), read otherwise; a module
+    not from ``torch.nn`` (a custom tracer's leaf) writes its buffers evaluating too. A ``GraphModule`` (``split_module``'s parts) says what it does:
     the tensors its ``get_attr`` nodes name, written where one of its nodes writes them in place,
     and those of the modules its own ``call_module`` nodes call.
 

@@ -32,8 +32,9 @@ def stream_slots(
     a: StreamAssignment, max_streams: int, side_streams: Iterable[int] | None = None, taken: Iterable[int] = ()
 ) -> list[int]:
     """The ambient stream and ``max_streams - 1`` side streams no node or event of the graph uses,
-    nor ``taken`` (the streams of the bodies it calls: ``torch.cond``'s branches), taken from ``side_streams`` in order if given (a compiler that knows which indices are free
-    at run time), else the smallest free indices. At most one side stream per compute node of
+    nor ``taken`` (the streams of the bodies it calls: ``torch.cond``'s branches), taken from
+    ``side_streams`` in order if given (a compiler that knows which indices are free at run
+    time), else the smallest free indices. At most one side stream per compute node of
     the graph: no candidate puts a branch, a chain or a node on more (a larger ``max_streams``
     changes no choice, and costs neither time nor memory).
 
