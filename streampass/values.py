@@ -137,9 +137,10 @@ def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
     return body_writes(node) or ((0,) if in_place(node) else ())
 
 
-def written_arguments(node: torch.fx.Node) -> list[Any]:
-    """The arguments ``node`` writes in place (tensors, or lists of them): those at
-    :func:`mutated_arg_positions`, and a schema-less call's ``out=`` (:mod:`streampass.python_calls`).
+def written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The graph values ``node`` writes in place (a list argument, a ``_foreach_*_`` op's, taken
+    apart): those at :func:`mutated_arg_positions`, and a schema-less call's ``out=``
+    (:mod:`streampass.python_calls`; a tuple for several results).
 
     >>> g = torch.fx.Graph(); x, y = g.placeholder("x"), g.placeholder("y")
     >>> [n.name for n in written_arguments(g.call_function(torch.ops.aten.add.out, (x, x), {"out": y}))]
@@ -147,9 +148,10 @@ def written_arguments(node: torch.fx.Node) -> list[Any]:
     >>> [n.name for n in written_arguments(g.call_function(torch.add, (x, x), {"out": y}))]
     ['y']
     """
-    args = [argument(node, i) for i in mutated_arg_positions(node)]
-    out = out_argument(node)
-    return args + [out] if out is not None and node.op != "call_module" else args
+    args = [argument(node, i) for i in mutated_arg_positions(node)] + [out_argument(node)]
+    return [
+        x for arg in args for x in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(x, torch.fx.Node)
+    ]
 
 
 def is_view(node: torch.fx.Node) -> bool:
@@ -217,16 +219,15 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     if indexes_a_tensor(node):
         return None if _advanced(node.args[1]) else seq
     made, k = _through_passthroughs(seq), node.args[1]
-    if made.op == "call_function" and len(_schema_facts(made.target).return_args) > 1:
-        # One result of several (``max.dim_max``'s ``(Tensor(a!) values, Tensor(b!) indices)``)
-        position = _schema_facts(made.target).return_args[k] if isinstance(k, int) else None
+    facts = _schema_facts(made.target) if made.op == "call_function" else _NO_FACTS
+    if len(facts.return_args) > 1:  # one result of several (``max.dim_max``'s values, indices)
+        position = _at(facts.return_args, k)
         arg = argument(made, position) if position is not None else None
         return arg if isinstance(arg, torch.fx.Node) else None
     out = out_argument(made)
     if isinstance(out, (tuple, list)):  # ``torch.max(x, 1, out=(v, i))``
-        return out[k] if isinstance(k, int) and -len(out) <= k < len(out) else None
+        return _at(out, k)
     # A chunk of split/unbind/chunk (`Tensor(a)[]`) is a view of what the list aliases.
-    facts = _schema_facts(made.target) if made.op == "call_function" else _NO_FACTS
     if facts.returns_alias or made.target in _UNANNOTATED_VIEWS or view_of_first(made):
         return seq
     if isinstance(called_module(made), torch.fx.GraphModule):
@@ -234,6 +235,11 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     if _undescribed(made):
         return seq  # ``F.layer_norm(w, (4,))[0]``: a row of a tensor, or a result nothing says is new
     return None
+
+
+def _at(items, k: Any) -> Any:
+    """``items[k]`` for an int ``k`` in range, else None."""
+    return items[k] if isinstance(k, int) and -len(items) <= k < len(items) else None
 
 
 def _undescribed(node: torch.fx.Node) -> bool:
@@ -336,10 +342,7 @@ def graph_module_writes(module: torch.fx.GraphModule) -> tuple[set[torch.fx.Node
     root = _graph_roots(module)
     written: set[torch.fx.Node] = set()
     for n in module.graph.nodes:
-        for arg in written_arguments(n):
-            for x in arg if isinstance(arg, (list, tuple)) else [arg]:
-                if isinstance(x, torch.fx.Node):
-                    written.add(root[x])
+        written.update(root[x] for x in written_arguments(n))
     inputs = module.graph.find_nodes(op="placeholder")
     return written, tuple(i for i, p in enumerate(inputs) if p in written)
 

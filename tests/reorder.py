@@ -30,8 +30,7 @@ def _mutation_order(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, set[torch
     accesses: dict[object, list[torch.fx.Node]] = {}
     last_write: dict[object, torch.fx.Node] = {}
     for n in nodes:
-        args = [x for a in values.written_arguments(n) for x in (a if isinstance(a, (list, tuple)) else [a])]
-        written = {root[x] for x in args if isinstance(x, torch.fx.Node)}
+        written = {root[x] for x in values.written_arguments(n)}
         state = modules.module_state(n) if n.op == "call_module" else []
         hidden = [values.attribute_storage(name, t) for name, t, _ in state]
         written |= {key for key, (_, _, w) in zip(hidden, state) if w}

@@ -138,10 +138,9 @@ def writes_of(a: StreamAssignment, node: Node) -> list[Node]:
     if not a.is_compute(node):
         return []
     out = []
-    for arg in values.written_arguments(node):
-        for x in arg if isinstance(arg, (list, tuple)) else [arg]:
-            if isinstance(x, torch.fx.Node) and a.root[x] not in out:
-                out.append(a.root[x])
+    for x in values.written_arguments(node):
+        if a.root[x] not in out:
+            out.append(a.root[x])
     return out
 
 

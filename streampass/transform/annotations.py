@@ -23,10 +23,10 @@ def set_stream(node: torch.fx.Node, s: int) -> bool:
     """Annotate ``node`` with stream ``s`` (other ``custom`` keys stay); returns whether it changed."""
     custom = node.meta.get("custom")
     custom = custom if isinstance(custom, dict) else {}
-    if custom.get("stream", AMBIENT) == s and (s != AMBIENT or "stream" not in custom):
+    want = {k: v for k, v in custom.items() if k != "stream"} | ({} if s == AMBIENT else {"stream": s})
+    if want == custom:
         return False
-    rest = {k: v for k, v in custom.items() if k != "stream"}
-    _write(node, rest if s == AMBIENT else {**rest, "stream": s})
+    _write(node, want)
     return True
 
 
