@@ -53,13 +53,23 @@ _DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.
 
 def first_argument(node: torch.fx.Node) -> Any:
     """A call's first argument, positional or given as ``input=`` (``torch.relu_(input=y)``,
-    ``self.relu(input=y)``): what a call with no schema writes or returns a view of."""
+    ``self.relu(input=y)``): what a call with no schema writes or returns a view of.
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> first_argument(g.call_function(torch.relu_, (), {"input": x})) is x
+    True
+    """
     return node.args[0] if node.args else node.kwargs.get("input")
 
 
 def called_module(node: torch.fx.Node) -> torch.nn.Module | None:
     """The module a ``call_module`` calls (None for any other node, or a target its graph's
-    module lacks)."""
+    module lacks).
+
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> called_module(gm.graph.find_nodes(op="call_module")[0])
+    ReLU()
+    """
     owner = node.graph.owning_module
     module = attribute(owner, node.target) if owner is not None and node.op == "call_module" else None
     return module if isinstance(module, torch.nn.Module) else None
@@ -104,7 +114,12 @@ def in_place(node: torch.fx.Node) -> bool:
 
 def out_argument(node: torch.fx.Node) -> Any:
     """What a call with no schema writes its result into (``torch.add(a, b, out=c)``: ``c``; a
-    tuple for several results), or None."""
+    tuple for several results), or None.
+
+    >>> g = torch.fx.Graph(); a, c = g.placeholder("a"), g.placeholder("c")
+    >>> out_argument(g.call_function(torch.add, (a, a), {"out": c})) is c, out_argument(g.call_method("sin", (a,)))
+    (True, None)
+    """
     return node.kwargs.get("out") if _name(node) is not None else None
 
 
@@ -146,7 +161,13 @@ def rebound_to(node: torch.fx.Node) -> torch.fx.Node | None:
 
 
 def view_of_first(node: torch.fx.Node, maybe: bool = True) -> bool:
-    """Whether a call with no schema returns a view of its first argument (``maybe``: or may)."""
+    """Whether a call with no schema returns a view of its first argument (``maybe``: or may).
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> reshape = g.call_method("reshape", (x, -1))
+    >>> view_of_first(g.call_method("t", (x,))), view_of_first(reshape), view_of_first(reshape, maybe=False)
+    (True, True, False)
+    """
     if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
         return node.args[1] in _VIEW_ATTRIBUTES and isinstance(node.args[0], torch.fx.Node)  # ``w.data``
     if node.op == "call_method":
@@ -161,7 +182,12 @@ def view_of_first(node: torch.fx.Node, maybe: bool = True) -> bool:
 
 
 def returns_input(node: torch.fx.Node) -> bool:
-    """Whether a ``call_module``'s result is its input, or a view of it whenever it can be."""
+    """Whether a ``call_module``'s result is its input, or a view of it whenever it can be.
+
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Dropout()).eval())
+    >>> returns_input(gm.graph.find_nodes(op="call_module")[0])  # dropout, evaluating
+    True
+    """
     module = called_module(node)
     return isinstance(module, _RETURNS_INPUT) or (isinstance(module, _DROPOUTS) and not module.training)
 

@@ -14,7 +14,11 @@ from streampass.errors import StreamPassError
 
 
 def finite(v: object) -> bool:
-    """Whether ``v`` is a real number (not a bool), neither infinite nor NaN."""
+    """Whether ``v`` is a real number (not a bool), neither infinite nor NaN.
+
+    >>> finite(2e12), finite(float("nan")), finite(True)
+    (True, False, False)
+    """
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
