@@ -16,6 +16,7 @@ import torch.fx
 from torch.utils._pytree import tree_leaves
 
 import streampass as sp
+from streampass.ops import attribute
 
 
 def _storage(t: torch.Tensor):
@@ -85,3 +86,17 @@ def unordered_accesses(original: torch.fx.GraphModule, inputs, result: torch.fx.
             if (wrote_a & (read_b | wrote_b) or read_a & wrote_b) and not dag.happens_before(a, b):
                 found.append(("unordered", a, b))
     return found
+
+
+def state_after(gm: torch.nn.Module, args) -> list[torch.Tensor]:
+    """Call ``gm`` on copies of ``args`` and return what the call leaves, in an order that does
+    not depend on the graph's: outputs, inputs (written in place), and every tensor of the module,
+    the constants make_fx names with get_attr included, by name."""
+    args = [a.clone() for a in args]
+    with torch.no_grad():
+        out = gm(*args)
+    out = out if isinstance(out, (tuple, list)) else [out]
+    names = sorted({n.target for n in gm.graph.nodes if n.op == "get_attr"}) if hasattr(gm, "graph") else []
+    held = [t for t in (attribute(gm, name) for name in names) if isinstance(t, torch.Tensor)]
+    state = [t for _, t in sorted(gm.state_dict().items())]
+    return [t.detach().clone() for t in (*out, *args, *state, *held)]

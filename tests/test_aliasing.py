@@ -23,6 +23,7 @@ import streampass as sp
 from streampass import ops
 
 from reorder import random_topological_copy
+from storage_oracle import state_after
 
 
 def _set(x, y):
@@ -119,30 +120,23 @@ CASES = [
 ]  # fmt: skip
 
 
-def _outputs(gm, args):
-    with torch.no_grad():
-        out = gm(*[a.clone() for a in args])
-    state = [t.detach().clone() for t in gm.state_dict().values()]
-    return [t.clone() for t in (out if isinstance(out, (tuple, list)) else [out])] + state
-
-
 @pytest.mark.parametrize("name, trace, program, inputs, writer, reader", CASES, ids=[c[0] for c in CASES])
 def test_a_write_under_another_name_is_ordered_before_the_ambient_read(name, trace, program, inputs, writer, reader):
     torch.manual_seed(0)
     args = inputs()
     gm = trace(program)(*args) if trace is make_fx else trace(program)
-    want = _outputs(copy.deepcopy(gm), args)
+    want = state_after(copy.deepcopy(gm), args)
     result = sp.run(gm)
     assert result.ok, result.after
     dag = sp.StreamDAG.from_graph(gm)
     assert dag.stream_of(writer) == 1 and dag.stream_of(reader) == 0
     assert dag.happens_before(writer, reader), f"{writer} (stream 1) is not ordered before {reader}"
-    torch.testing.assert_close(_outputs(copy.deepcopy(gm), args), want)
+    torch.testing.assert_close(state_after(copy.deepcopy(gm), args), want)
     for seed in range(4):
         moved = random_topological_copy(copy.deepcopy(gm), seed)
         assert sp.verify(moved).ok
         with sp.runtime.bind(moved):
-            torch.testing.assert_close(_outputs(moved, args), want)
+            torch.testing.assert_close(state_after(moved, args), want)
     assert not sp.run(gm).changed
 
 

@@ -18,10 +18,9 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
-from streampass.ops import attribute
 
 from reorder import random_topological_copy
-from storage_oracle import unordered_accesses
+from storage_oracle import state_after, unordered_accesses
 
 # Statements over 4x4 float tensors: ``{r}`` is a new name for the pool, ``{a}``/``{b}`` are names
 # drawn from it (inputs, module tensors, earlier results, views among them).
@@ -94,23 +93,6 @@ def program(seed: int, n_steps: int, n_streams: int) -> tuple[Program, str]:
     return module, source
 
 
-def _state(gm: torch.nn.Module, out, args) -> list[torch.Tensor]:
-    """What a run leaves: outputs, inputs (written in place), and every tensor of the module,
-    the constants make_fx names with get_attr included."""
-    names = sorted({n.target for n in gm.graph.nodes if n.op == "get_attr"}) if hasattr(gm, "graph") else []
-    held = [attribute(gm, name) for name in names]
-    state = [t for _, t in sorted(gm.state_dict().items())]
-    tensors = [*out, *args, *state, *(t for t in held if isinstance(t, torch.Tensor))]
-    return [t.detach().clone() for t in tensors]
-
-
-def _run(gm, args) -> list[torch.Tensor]:
-    args = [a.clone() for a in args]
-    with torch.no_grad():
-        out = gm(*args)
-    return _state(gm, out, args)
-
-
 def _traced(module: Program, tracer: str, args) -> torch.fx.GraphModule:
     module = copy.deepcopy(module)
     if tracer == "make_fx":
@@ -129,16 +111,16 @@ def check(seed: int, n_steps: int, n_streams: int, tracer: str) -> None:
     except RuntimeError:
         return  # eager refuses it (overlapping out=, a view written in place after a resize): no program
     gm = _traced(module, tracer, args)
-    want = _run(copy.deepcopy(gm), args)
+    want = state_after(copy.deepcopy(gm), args)
     original = copy.deepcopy(gm)
     result = sp.run(gm)
     assert result.ok, (source, result.after)
     assert unordered_accesses(original, args, gm) == [], source
-    torch.testing.assert_close(_run(copy.deepcopy(gm), args), want, msg=source)
+    torch.testing.assert_close(state_after(copy.deepcopy(gm), args), want, msg=source)
     moved = random_topological_copy(copy.deepcopy(gm), seed)
     assert sp.verify(moved).ok, source
     with sp.runtime.bind(moved):
-        torch.testing.assert_close(_run(moved, args), want, msg=source)
+        torch.testing.assert_close(state_after(moved, args), want, msg=source)
     assert not sp.run(gm).changed, source
 
 
