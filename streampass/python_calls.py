@@ -34,15 +34,24 @@ _INPLACE_DUNDERS = frozenset(
 # ``unsafe_`` splits are views too, although their schemas say nothing), and the calls that return
 # a view whenever they can and copy otherwise (they stay work: the copy reads the source where it
 # runs). A view taken for a copy costs a wait; a copy taken for a view would miss a write through
-# it. Conversions (``.to``, ``.float()``) copy as soon as they change anything and count as copies.
+# it. Conversions (``.to``, ``.float()``, ``.cpu()``) are of the second kind: they return their
+# input itself when it already is what they convert to.
 _VIEW_NAMES = frozenset(
     {"view", "view_as", "unflatten", "t", "transpose", "swapaxes", "swapdims", "permute", "movedim",
-     "moveaxis", "expand", "expand_as", "squeeze", "unsqueeze", "narrow", "select", "diagonal", "as_strided",
-     "detach", "unfold", "split", "split_with_sizes", "chunk", "tensor_split", "unbind", "view_as_real",
-     "view_as_complex", "real", "imag", "alias", "adjoint", "unsafe_split", "unsafe_split_with_sizes",
-     "unsafe_chunk"}
+     "moveaxis", "expand", "expand_as", "broadcast_to", "squeeze", "unsqueeze", "narrow", "select", "diagonal",
+     "as_strided", "detach", "unfold", "split", "split_with_sizes", "chunk", "tensor_split", "hsplit", "vsplit",
+     "dsplit", "unbind", "view_as_real", "view_as_complex", "real", "imag", "alias", "adjoint", "positive",
+     "conj", "atleast_1d", "atleast_2d", "atleast_3d", "unsafe_split", "unsafe_split_with_sizes",
+     "unsafe_chunk", "_unsafe_view"}
 )  # fmt: skip
-_MAYBE_VIEW_NAMES = frozenset({"reshape", "reshape_as", "flatten", "contiguous"})
+_MAYBE_VIEW_NAMES = frozenset(
+    {"reshape", "reshape_as", "flatten", "ravel", "contiguous", "resolve_conj", "resolve_neg", "to", "type",
+     "type_as", "float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte", "bool", "cpu",
+     "cuda"}
+)  # fmt: skip
+# Calls that return one view per tensor they are given (``torch.meshgrid(x, y)``: an expand of
+# each), or a view of the one they are given (``torch.atleast_2d(x)``).
+_EACH_VIEW_NAMES = frozenset({"meshgrid", "broadcast_tensors", "atleast_1d", "atleast_2d", "atleast_3d"})
 # Tensor attributes that are views, as ``symbolic_trace`` records ``w.data`` (``getattr(w, "data")``)
 _VIEW_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
 # Modules whose result is their input (``nn.Identity``; dropout while evaluating) or a view of it
@@ -52,14 +61,23 @@ _DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.
 
 
 def first_argument(node: torch.fx.Node) -> Any:
-    """A call's first argument, positional or given as ``input=`` (``torch.relu_(input=y)``,
-    ``self.relu(input=y)``): what a call with no schema writes or returns a view of.
+    """A call's first argument, positional or by keyword: ``input=`` (``torch.relu_(input=y)``,
+    ``self.relu(input=y)``), or a Python function's first parameter (``nn.init.uniform_`` is
+    recorded as ``uniform_(tensor=y)``): what a call with no schema writes or returns a view of.
 
     >>> g = torch.fx.Graph(); x = g.placeholder("x")
     >>> first_argument(g.call_function(torch.relu_, (), {"input": x})) is x
     True
+    >>> first_argument(g.call_function(torch.nn.init.uniform_, (), {"tensor": x})) is x
+    True
     """
-    return node.args[0] if node.args else node.kwargs.get("input")
+    if node.args:
+        return node.args[0]
+    if "input" in node.kwargs or node.op != "call_function":
+        return node.kwargs.get("input")
+    signature = _signature(node.target)
+    first = next(iter(signature.parameters), None) if signature is not None else None
+    return node.kwargs.get(first) if first is not None else None
 
 
 def called_module(node: torch.fx.Node) -> torch.nn.Module | None:
@@ -170,15 +188,65 @@ def view_of_first(node: torch.fx.Node, maybe: bool = True) -> bool:
     """
     if node.op == "call_function" and node.target is getattr and len(node.args) == 2:
         return node.args[1] in _VIEW_ATTRIBUTES and isinstance(node.args[0], torch.fx.Node)  # ``w.data``
+    name = _torch_name(node)
+    if name is None or not isinstance(first_argument(node), torch.fx.Node):
+        return False
+    if name in _EACH_VIEW_NAMES:  # of its one tensor: ``torch.atleast_2d(x)``
+        return name.startswith("atleast") and len(node.args) + len(node.kwargs) == 1
+    if name in _MAYBE_VIEW_NAMES:
+        return maybe
+    return name in _VIEW_NAMES or (isinstance(node.target, torch._ops.OpOverloadPacket) and _packet_views(node.target))
+
+
+def views_of_each(node: torch.fx.Node) -> list[Any] | None:
+    """The tensors a call returns one view of each of, in order (``torch.meshgrid(x, y)``,
+    ``torch.broadcast_tensors([x, y])``: ``[x, y]``); None for any other call.
+
+    >>> g = torch.fx.Graph(); x, y = g.placeholder("x"), g.placeholder("y")
+    >>> [n.name for n in views_of_each(g.call_function(torch.meshgrid, (x, y), {"indexing": "ij"}))]
+    ['x', 'y']
+    >>> views_of_each(g.call_function(torch.stack, ([x, y],))) is None
+    True
+    """
+    if _torch_name(node) not in _EACH_VIEW_NAMES:
+        return None
+    given = list(node.args) or list(node.kwargs.get("tensors", ()))
+    if len(given) == 1 and isinstance(given[0], (list, tuple)):
+        given = list(given[0])
+    return given
+
+
+def _torch_name(node: torch.fx.Node) -> str | None:
+    """The name of a call of a tensor method, of one of torch's Python functions or of an aten op
+    packet (``torch.ops.aten.t``: no overload picked, so no schema); None for any other."""
     if node.op == "call_method":
-        name = node.target
-    elif node.op == "call_function" and getattr(node.target, "__module__", None) in ("torch", "torch.functional"):
-        name = node.target.__name__
-    else:
-        return False
-    if not (node.args and isinstance(node.args[0], torch.fx.Node)):
-        return False
-    return name in _VIEW_NAMES or (maybe and name in _MAYBE_VIEW_NAMES)
+        return node.target if isinstance(node.target, str) else None
+    if node.op != "call_function":
+        return None
+    if isinstance(node.target, torch._ops.OpOverloadPacket) or getattr(node.target, "__module__", None) in (
+        "torch",
+        "torch.functional",
+    ):
+        return node.target.__name__
+    return None
+
+
+_packet_cache: dict[str, bool] = {}
+
+
+def _packet_views(packet: torch._ops.OpOverloadPacket) -> bool:
+    """Whether any overload of an aten op packet returns a view of an argument (a schema alias
+    on its result) and writes nothing: which one a call picks is not known before it runs."""
+    name = packet._qualified_op_name
+    if name not in _packet_cache:
+        schemas = [getattr(packet, o)._schema for o in packet.overloads()]
+        _packet_cache[name] = any(
+            s.returns
+            and s.returns[0].alias_info is not None
+            and not any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments)
+            for s in schemas
+        )
+    return _packet_cache[name]
 
 
 def returns_input(node: torch.fx.Node) -> bool:
@@ -206,16 +274,22 @@ def _flag(node: torch.fx.Node, name: str) -> Any:
         return node.kwargs[name]
     if node.op != "call_function":
         return None
-    hit = _signatures.get(id(node.target))
-    if hit is None or hit[0] is not node.target:
-        try:
-            signature = inspect.signature(node.target)
-        except (TypeError, ValueError):  # a builtin without one
-            signature = None
-        hit = _signatures[id(node.target)] = (node.target, signature)
-    if hit[1] is None or name not in hit[1].parameters:
+    signature = _signature(node.target)
+    if signature is None or name not in signature.parameters:
         return None
     try:
-        return hit[1].bind_partial(*node.args).arguments.get(name)
+        return signature.bind_partial(*node.args).arguments.get(name)
     except TypeError:
         return None
+
+
+def _signature(target: Any) -> inspect.Signature | None:
+    """A Python function's signature (None for a builtin without one), read once per target."""
+    hit = _signatures.get(id(target))
+    if hit is None or hit[0] is not target:
+        try:
+            signature = inspect.signature(target)
+        except (TypeError, ValueError):  # a builtin without one
+            signature = None
+        hit = _signatures[id(target)] = (target, signature)
+    return hit[1]

@@ -5,7 +5,6 @@ read from the op's schema once per op."""
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,77 +19,10 @@ from streampass.python_calls import (
     rebound_to,
     result_source,
     view_of_first,
+    views_of_each,
 )
+from streampass.schema_facts import EACH_VIEWS, MAYBE_VIEWS, NO_FACTS, UNANNOTATED_VIEWS, schema_facts
 from streampass.unannotated_writes import body_writes, hidden_argument_name, hidden_writes
-
-
-@dataclass(frozen=True)
-class _SchemaFacts:
-    """Alias facts of one op's schema (computed once per target: schemas do not change)."""
-
-    writes: tuple[int, ...]  # argument positions the op writes
-    alias_args: tuple[tuple[int, str], ...]  # (position, name) of arguments the output may alias
-    returns_alias: bool  # whether the first return carries an alias annotation
-    return_args: tuple[int | None, ...] = ()  # per return of several: the argument it is, if any
-
-
-_NO_FACTS = _SchemaFacts((), (), False)
-# Keyed by id (see STREAM_OP_IDS); the entry holds the target so its id stays unique.
-_facts_cache: dict[int, tuple[Any, _SchemaFacts]] = {}
-
-
-def _schema_facts(target: Any) -> _SchemaFacts:
-    hit = _facts_cache.get(id(target))
-    if hit is not None and hit[0] is target:
-        return hit[1]
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return _NO_FACTS  # not cached: plain Python targets can be short-lived
-    writes = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
-    ret = schema.returns[0].alias_info if schema.returns else None
-    alias_args: tuple[tuple[int, str], ...] = ()
-    if ret is not None:
-        # A view (`Tensor(a)`) or an in-place op's result (`Tensor(a!)`) is the argument it
-        # aliases. A list of views (`Tensor(a)[]`: split, unbind) exposes no alias set on the
-        # list itself in Python: it aliases the argument that has one.
-        alias_args = tuple(
-            (i, a.name)
-            for i, a in enumerate(schema.arguments)
-            if a.alias_info is not None and (a.alias_info.before_set & ret.before_set or not ret.before_set)
-        )
-    return_args: tuple[int | None, ...] = ()
-    if len(schema.returns) > 1:
-        return_args = tuple(_same_set(schema, r.alias_info) for r in schema.returns)
-    facts = _SchemaFacts(writes, alias_args, ret is not None, return_args)
-    _facts_cache[id(target)] = (target, facts)
-    return facts
-
-
-def _same_set(schema, alias) -> int | None:
-    """The position of the argument in the alias set ``alias`` names (None: a new tensor)."""
-    if alias is None or not alias.before_set:
-        return None
-    for i, a in enumerate(schema.arguments):
-        if a.alias_info is not None and a.alias_info.before_set & alias.before_set:
-            return i
-    return None
-
-
-# aten views whose schema carries no alias annotation
-_UNANNOTATED_VIEWS = frozenset(
-    {torch.ops.aten._unsafe_view.default, torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.unsafe_chunk.default,
-     torch.ops.aten.unsafe_split_with_sizes.default}
-)  # fmt: skip
-
-
-# aten ops whose schema says they return their input (``Tensor(a)``) but which copy when they must:
-# ``x.t().contiguous()`` launches a kernel that reads ``x``. torch.export and pre-dispatch graphs
-# keep them. Like their Python spellings (:mod:`streampass.python_calls`) they share their input's
-# storage for what writes through them, and stay work.
-_MAYBE_VIEWS = frozenset(
-    {"aten::contiguous", "aten::reshape", "aten::reshape_as", "aten::flatten", "aten::to", "aten::type_as",
-     "aten::resolve_conj", "aten::resolve_neg"}
-)  # fmt: skip
 
 
 def argument(node: torch.fx.Node, i: int) -> Any:
@@ -128,7 +60,7 @@ def mutated_arg_positions(node: torch.fx.Node) -> tuple[int, ...]:
     (0,)
     """
     if node.op == "call_function":
-        writes = _schema_facts(node.target).writes or hidden_writes(node)  # batch norms' statistics
+        writes = schema_facts(node.target).writes or hidden_writes(node)  # batch norms' statistics
         if writes or getattr(node.target, "_schema", None) is not None:
             return writes
     module = called_module(node)
@@ -170,11 +102,11 @@ def is_view(node: torch.fx.Node) -> bool:
         return indexes_a_tensor(node) and not _advanced(node.args[1])
     if node.op == "call_method" or getattr(node.target, "_schema", None) is None:
         return view_of_first(node, maybe=False)
-    if node.target in _UNANNOTATED_VIEWS:
+    if node.target in UNANNOTATED_VIEWS:
         return True
-    if node.target._schema.name in _MAYBE_VIEWS:
+    if node.target._schema.name in MAYBE_VIEWS:
         return False
-    facts = _schema_facts(node.target)
+    facts = schema_facts(node.target)
     return facts.returns_alias and not facts.writes
 
 
@@ -194,15 +126,17 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
         if src is None:
             return _graph_module_returned_input(node, None)
         return src if isinstance(src, torch.fx.Node) else None  # a tuple ``out=``: its getitems say
-    if node.target in _UNANNOTATED_VIEWS:
+    if node.target in UNANNOTATED_VIEWS:
         return node.args[0] if isinstance(node.args[0], torch.fx.Node) else None
     source = rebound_to(node)  # ``z.set_(x)``: z is x's storage from here on
     if source is not None:
         return source
-    for i, name in _schema_facts(node.target).alias_args:
+    for i, name in schema_facts(node.target).alias_args:
         arg = node.args[i] if i < len(node.args) else node.kwargs.get(name)
         if isinstance(arg, torch.fx.Node):
             return arg
+    if node.target._schema.name in MAYBE_VIEWS:  # ``type_as``, whose schema says nothing
+        return argument(node, 0) if isinstance(argument(node, 0), torch.fx.Node) else None
     return None
 
 
@@ -219,7 +153,7 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     if indexes_a_tensor(node):
         return None if _advanced(node.args[1]) else seq
     made, k = _through_passthroughs(seq), node.args[1]
-    facts = _schema_facts(made.target) if made.op == "call_function" else _NO_FACTS
+    facts = schema_facts(made.target) if made.op == "call_function" else NO_FACTS
     if len(facts.return_args) > 1:  # one result of several (``max.dim_max``'s values, indices)
         position = _at(facts.return_args, k)
         arg = argument(made, position) if position is not None else None
@@ -227,14 +161,30 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     out = out_argument(made)
     if isinstance(out, (tuple, list)):  # ``torch.max(x, 1, out=(v, i))``
         return _at(out, k)
+    each = _views_of_each(made)
+    if each is not None:  # ``torch.meshgrid(x, y)[1]``: a view of ``y``
+        arg = _at(each, k)
+        return arg if isinstance(arg, torch.fx.Node) else None
     # A chunk of split/unbind/chunk (`Tensor(a)[]`) is a view of what the list aliases.
-    if facts.returns_alias or made.target in _UNANNOTATED_VIEWS or view_of_first(made):
+    if facts.returns_alias or made.target in UNANNOTATED_VIEWS or view_of_first(made):
         return seq
     if isinstance(called_module(made), torch.fx.GraphModule):
         return _graph_module_returned_input(made, k) if isinstance(k, int) else None
     if _undescribed(made):
         return seq  # ``F.layer_norm(w, (4,))[0]``: a row of a tensor, or a result nothing says is new
     return None
+
+
+def _views_of_each(node: torch.fx.Node) -> list[Any] | None:
+    """The tensors a call returns one view of each of (:func:`~streampass.python_calls.views_of_each`,
+    or an aten op of :data:`EACH_VIEWS`); None for any other call."""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    if schema is None:
+        return views_of_each(node)
+    if schema.name not in EACH_VIEWS or not schema.returns or str(schema.returns[0].type) != "List[Tensor]":
+        return None
+    given = argument(node, 0)
+    return list(given) if isinstance(given, (list, tuple)) else None
 
 
 def _at(items, k: Any) -> Any:

@@ -102,6 +102,49 @@ class _SetItem(torch.nn.Module):
         return x + self.buf  # (``self.buf * 1`` would be computed while tracing: no proxy in it)
 
 
+def _through(make):
+    """A program that writes ``x`` on stream 1 through ``make(x)``, a call that returns ``x`` or a view of it."""
+
+    def program(x):
+        v = make(x)
+        with sp.stream(1):
+            v.mul_(2)
+        return x + 1
+
+    return program
+
+
+# Calls that return their input or a view of it, as ``symbolic_trace`` records them: views by
+# names nothing listed, conversions to what the tensor already is, a view's input by keyword, and
+# aten op packets (no overload picked, so no schema).
+_VIEWS_BY_NAME = {
+    "hsplit": lambda x: x.hsplit(2)[1],
+    "vsplit": lambda x: torch.vsplit(x, 2)[1],
+    "broadcast_to": lambda x: torch.broadcast_to(x, (4, 4)),
+    "broadcast_tensors": lambda x: torch.broadcast_tensors(x, x)[1],
+    "atleast_2d": lambda x: torch.atleast_2d(x),
+    "ravel": lambda x: x.ravel(),
+    "positive": lambda x: torch.positive(x),
+    "conj": lambda x: x.conj(),
+    "resolve_conj": lambda x: x.resolve_conj(),
+    "to same dtype": lambda x: x.to(torch.float32),
+    "float": lambda x: x.float(),
+    "type_as": lambda x: x.type_as(x),
+    "cpu": lambda x: x.cpu(),
+    "transpose(input=)": lambda x: torch.transpose(input=x, dim0=0, dim1=1),
+    "aten.t packet": lambda x: torch.ops.aten.t(x),
+    "aten.alias packet": lambda x: torch.ops.aten.alias(x),
+    "aten.view packet": lambda x: torch.ops.aten.view(x, [16]),
+}
+
+
+def _init_constant(x):
+    z = x.clone()
+    with sp.stream(1):
+        torch.nn.init.constant_(z, 0.3)  # recorded as ``constant_(tensor=clone, val=0.3)``
+    return z + 1
+
+
 # (name, tracer, program, its inputs, the node that writes on stream 1, the ambient node reading after)
 CASES = [
     ("set_ make_fx", make_fx, _set, lambda: (torch.randn(4), torch.randn(4)), "add_", "mul"),
@@ -117,6 +160,10 @@ CASES = [
     ("Embedding(max_norm) module", torch.fx.symbolic_trace, _Embedding(False).eval(), lambda: (torch.tensor([1, 2]),), "emb", "sum_1"),
     ("__setitem__ method", torch.fx.symbolic_trace, _SetItem(), lambda: (torch.randn(4, 4),), "setitem", "add"),
     ("F.embedding(max_norm)", torch.fx.symbolic_trace, _Embedding(True).eval(), lambda: (torch.tensor([1, 2]),), "embedding", "sum_1"),
+    ("nn.init.constant_(tensor=)", torch.fx.symbolic_trace, _init_constant, lambda: (torch.randn(4, 4),), "constant_", "add"),
+] + [
+    (f"{name} symbolic_trace", torch.fx.symbolic_trace, _through(make), lambda: (torch.randn(4, 4),), "mul_", "add")
+    for name, make in _VIEWS_BY_NAME.items()
 ]  # fmt: skip
 
 
@@ -202,22 +249,81 @@ def test_a_graph_returning_only_a_module_tensor_still_returns_after_its_syncs():
         assert sp.verify(random_topological_copy(copy.deepcopy(gm), seed)).ok
 
 
-def test_an_exported_contiguous_that_copies_is_work_that_reads_its_input():
-    """``torch.export`` keeps ``aten.contiguous`` (and ``reshape``, ``flatten``, ``to``), whose schemas
-    say they return their input: on ``x.t()`` they launch a copy kernel that reads ``x``. Read as a
-    view, the copy on stream 1 got no wait for the input, no order before the ambient ``x.mul_(2)``,
-    and no join (found by a storage-oracle fuzz)."""
+@pytest.mark.parametrize("name", ["contiguous", "ravel"])
+def test_an_exported_call_that_copies_is_work_that_reads_its_input(name):
+    """``torch.export`` keeps ``aten.contiguous`` (and ``reshape``, ``flatten``, ``ravel``, ``to``),
+    whose schemas say they return their input: on ``x.t()`` they launch a copy kernel that reads
+    ``x``. Read as a view, the copy on stream 1 got no wait for the input, no order before the
+    ambient ``x.mul_(2)``, and no join (found by storage-oracle fuzzes)."""
 
     class M(torch.nn.Module):
         def forward(self, x):
             with sp.stream(1):
-                t = x.t().contiguous()
+                t = getattr(x.t(), name)()
             x.mul_(2)
             return (t,)
 
     gm = torch.export.export(M(), (torch.randn(4, 4),), strict=False).module()
     assert sp.run(gm).ok
     dag = sp.StreamDAG.from_graph(gm)
-    copy_kernel = next(n.name for n in gm.graph.nodes if "contiguous" in n.name)
+    copy_kernel = next(n.name for n in gm.graph.nodes if name in n.name)
     assert dag.stream_of(copy_kernel) == 1
     assert dag.happens_before(copy_kernel, "mul_") and dag.happens_before(copy_kernel, "output")
+
+
+class _Meshgrid(torch.nn.Module):
+    def forward(self, x, y):
+        a, b = torch.meshgrid(x[0], y[0], indexing="ij")  # expands of x[0] and y[0]
+        with sp.stream(1):
+            r = a + b
+        x[0].mul_(2)
+        return (r,)
+
+
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "export"])
+def test_each_result_of_meshgrid_is_a_view_of_its_own_input(tracer):
+    """``meshgrid`` and ``broadcast_tensors`` return one view per input, and aten's schemas say
+    nothing (``torch.export`` keeps ``aten.meshgrid``): the read of ``a`` on stream 1 must come
+    before the ambient write of ``x`` (found by a storage-oracle fuzz)."""
+    args = (torch.randn(4, 4), torch.randn(4, 4))
+    module = _Meshgrid()
+    if tracer == "export":
+        gm = torch.export.export(module, tuple(a.clone() for a in args), strict=False).module()
+    else:
+        gm = torch.fx.symbolic_trace(module)
+    want = state_after(copy.deepcopy(gm), args)
+    assert sp.run(gm).ok
+    dag = sp.StreamDAG.from_graph(gm)
+    reader = next(n.name for n in gm.graph.nodes if n.name.startswith("add"))
+    writer = next(n.name for n in gm.graph.nodes if n.name.startswith("mul_"))
+    assert dag.stream_of(reader) == 1 and dag.happens_before(reader, writer)
+    torch.testing.assert_close(state_after(copy.deepcopy(gm), args), want)
+    assert not sp.run(gm).changed
+
+
+def test_a_result_of_broadcast_tensors_issued_after_a_wait_is_ordered_through_the_call():
+    """The ambient wait for ``y.mul_`` protects the output's read of ``y`` through ``b``, one
+    result of a call issued after the wait: the call's read of ``y`` is the use to reroute, not the
+    getitem's (whose input is the call's tuple). Before, the reroute was a no-op that a second
+    ``run`` made again and called a change (found by the storage-oracle property test)."""
+
+    def program(x, y):
+        with sp.stream(1):
+            y.mul_(2)
+        m = x @ y
+        with sp.stream(1):
+            b = torch.broadcast_tensors(x, y)[1]
+        return m, b
+
+    gm = torch.fx.symbolic_trace(program)
+    args = (torch.randn(4, 4), torch.randn(4, 4))
+    want = state_after(copy.deepcopy(gm), args)
+    assert sp.run(gm).ok
+    assert not sp.run(gm).changed
+    call = gm.graph.find_nodes(op="call_function", target=torch.functional.broadcast_tensors)[0]
+    assert any(i.target is ops.CONTROL_DEPS for i in call.args[1].all_input_nodes)  # reads y through a wait
+    for seed in range(4):
+        moved = random_topological_copy(copy.deepcopy(gm), seed)
+        assert sp.verify(moved).ok
+        with sp.runtime.bind(moved):
+            torch.testing.assert_close(state_after(moved, args), want)

@@ -23,7 +23,8 @@ from reorder import random_topological_copy
 from storage_oracle import state_after, unordered_accesses
 
 # Statements over 4x4 float tensors: ``{r}`` is a new name for the pool, ``{a}``/``{b}`` are names
-# drawn from it (inputs, module tensors, earlier results, views among them).
+# drawn from it (inputs, module tensors, earlier results, views among them). Conversions to what a
+# tensor is, aten op packets and ``meshgrid`` return their input or views of it.
 MAKES = [
     "{r} = {a}.sin()",
     "{r} = {a} @ {b}",
@@ -37,6 +38,11 @@ MAKES = [
     "{r} = self.lin({a})",
     "{r} = self.bn({a})",
     "{r} = self.w * {a}",
+    "{r} = {a}.float()",
+    "{r} = torch.ops.aten.t({a})",
+    "{r} = {a}.ravel().view(4, 4)",
+    "{r} = torch.meshgrid({a}[0], {b}[1], indexing='ij')[1] + {a}",
+    "{r} = torch.broadcast_tensors({a}, {b})[1]",
 ]
 WRITES = [
     "{a}.add_(1)",
@@ -53,6 +59,7 @@ WRITES = [
     "{a}.masked_fill_({b} > 0, 0.5)",
     "self.relu({a})",
     "self.buf.mul_(0.9).add_({a}, alpha=0.1)",
+    "torch.nn.init.constant_({a}, 0.3)",
 ]
 
 

@@ -123,6 +123,14 @@ class GatedUses:
                     found.append((user, x))
                     break
                 nxt = src if src is not None else values.aliases_input(x)
+                if src is None and nxt is not None and x.target is operator.getitem and x.args[0] is not nxt:
+                    # One result of a call that returns its arguments or views of them
+                    # (``meshgrid(a, b)[1]``, an ``out=`` tuple's): the call is the use that reads it.
+                    made = x.args[0]
+                    if index[made] < index[sync]:
+                        break  # only the tuple is older than the sync, and it cannot pass through
+                    user, x = made, nxt
+                    continue
                 if nxt is None and hidden and stream.get(x) == stream.get(sync):
                     nxt = _carrier(x)
                 if nxt is None:
