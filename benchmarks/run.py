@@ -1,7 +1,7 @@
 """streampass vs torch's own stream passes: pass time, syncs added, races left, simulated makespan.
 
     python benchmarks/run.py            # full: 1k, 4k, 16k, 64k nodes, 3 repeats
-    python benchmarks/run.py --quick    # 1k and 4k nodes, 1 repeat (under a minute on 2 cores)
+    python benchmarks/run.py --quick    # 1k and 4k nodes, 1 repeat (about a minute and a half on 2 cores)
 
 Prints markdown tables (pasted into docs/benchmarks.md) and writes
 benchmarks/results/<quick|full>.json.

@@ -3,7 +3,8 @@
 Parsing, ``--help``, ``--version`` and usage errors need no torch: the commands themselves
 (:mod:`streampass.commands`) are imported only to run one. An error is one line on stderr and
 exit status 2, torch's own logs silenced while a command runs (:func:`quiet_torch_logs`);
-``--debug`` shows the traceback and the logs instead.
+``--debug`` shows the traceback and the logs instead (the status stays 2). Output into a pipe its
+reader closed (``| head``) ends the command quietly, with status 141 as SIGPIPE would.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 
 DESCRIPTION = (
@@ -113,9 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 
         with quiet_torch_logs(not args.debug):
             return {"demo": commands.demo, "inspect": commands.inspect, "assign": commands.assign}[args.command](args)
+    except BrokenPipeError:  # ``streampass inspect ... | head``: the reader is done; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # as if killed by SIGPIPE, as a C tool would be
     except Exception as e:
         if args.debug:
-            raise
+            traceback.print_exc()
+            return 2  # still 2: 1 says that hazards remain
         from streampass.commands import UsageError
 
         what = str(e).strip().splitlines()[0] if str(e).strip() else ""

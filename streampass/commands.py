@@ -257,7 +257,7 @@ def load_target(
         return gm, _exported_note(gm)
     mod_name, sep, attr = target.partition(":")
     if not sep or not mod_name or not attr:
-        raise UsageError(f"TARGET must be a .pt2 file or module:function, got {target!r}")
+        raise UsageError(f"TARGET must be a .pt2 file, module:function or module:Class, got {target!r}")
     dt = _dtype(dtype)
     inputs = [torch.randn(*_shape(spec), dtype=dt, device=device) for spec in shapes.split(",")] if shapes else []
     fn = _import_target(target)

@@ -183,16 +183,36 @@ def test_inspect_errors_are_one_line_and_exit_2(case, user_folder):
     assert "Traceback" not in out.stderr + out.stdout
 
 
-def test_debug_shows_the_traceback(user_folder):
+def test_debug_shows_the_traceback_with_the_same_status(user_folder):
     out = _run("--debug", "inspect", "mymod:f", "--shapes", "8by16", "--html", "", cwd=user_folder)
-    assert out.returncode != 0 and "Traceback" in out.stderr
+    assert out.returncode == 2 and "Traceback" in out.stderr  # not 1, which says that hazards remain
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
+    """``streampass demo | head -1``, the reader gone before the first write: no
+    ``BrokenPipeError`` line, and SIGPIPE's status."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_LOGS"}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write now fails at once
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "streampass", "demo", "--html", ""],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+    finally:
+        os.close(write_end)
+    assert out.returncode == 141 and out.stderr == "", out.stderr
 
 
 def test_debug_keeps_torch_s_own_logs(user_folder):
     quiet = _run("inspect", "mymod:f", "--shapes", "4x3,4x4", "--html", "", cwd=user_folder)
     loud = _run("--debug", "inspect", "mymod:f", "--shapes", "4x3,4x4", "--html", "", cwd=user_folder)
     assert quiet.returncode == 2 and len(quiet.stderr.strip().splitlines()) == 1, quiet.stderr
-    assert loud.returncode != 0 and "Traceback" in loud.stderr
+    assert loud.returncode == 2 and "Traceback" in loud.stderr
     # torch's log lines carry the file that logged them (E1204 08:42:03.412000 pid torch/...py:3090])
     assert any(line[:1] in "WE" and "torch/" in line and "] " in line for line in loud.stderr.splitlines()), loud.stderr
 
