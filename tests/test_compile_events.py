@@ -140,3 +140,40 @@ def test_standalone_run_still_asks_for_the_events_recorded_outside():
     assert gm.code == code
     assert events_recorded_outside(gm) == (5,)
     assert sp.run(gm, external_events=[5]).ok
+
+
+S0, S3 = torch.Stream("cpu"), torch.Stream("cpu")
+
+
+def host_sync_in_a_block(x, w, hist, sync=True):
+    with S0:
+        v = x.sin() * x
+        with torch.Stream("cpu"):
+            hist[1:3] = v.detach()[0:2]
+            u = x * hist.sum(0)
+            if sync:
+                S3.synchronize()  # torch wraps it in control_deps, passing v, hist and u through
+            m = v @ w
+            r = u * v
+        return (v**2).mean() + (m**2).mean() + r.mean()
+
+
+def test_the_values_a_host_sync_passes_through_keep_its_stream():
+    """torch copies each value's stream annotation onto the getitems that pass it through the
+    ``control_deps`` of ``S3.synchronize()``; the pass reads them on the sync's (ambient) stream
+    and must annotate them so. Before, the edit left ``v``'s pass-through annotated with ``v``'s
+    stream and the compile stopped on an internal error (found by a compile fuzz)."""
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    w_e, w_c = w.clone().requires_grad_(), w.clone().requires_grad_()
+    hist_e, hist_c = torch.zeros(4, 8), torch.zeros(4, 8)
+    want = host_sync_in_a_block(x, w_e, hist_e, sync=False)
+    p = spi.StreamPass(keep_graphs=True)
+    with spi.enabled(p):
+        got = torch.compile(host_sync_in_a_block)(x, w_c, hist_c)
+    got.backward()  # after the block, as a training loop does
+    want.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(hist_c, hist_e)
+    torch.testing.assert_close(w_c.grad, w_e.grad)
+    assert [r.graph for r in p.reports] == ["forward", "backward"]
+    assert all(sp.verify(r.verified_graph, r.external_events).ok for r in p.reports)

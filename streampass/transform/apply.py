@@ -24,10 +24,10 @@ import torch
 import torch.fx
 
 from streampass import ops
-from streampass.analysis.reading import StreamAssignment
+from streampass.analysis.reading import StreamAssignment, annotated_stream
 from streampass.errors import StreamPassError
 from streampass.ops import AMBIENT
-from streampass.transform.annotations import set_stream
+from streampass.transform.annotations import drop_stream, set_stream
 from streampass.transform.encoding import WRAPPABLE, last_work, output_value_to_thread, reads_an_input
 from streampass.transform.gated_uses import GatedUses
 from streampass.transform.plan import SyncPlan
@@ -104,7 +104,13 @@ class _Editor:
                 self.changed = True
                 continue
             s = self.stream.get(node, AMBIENT)
-            if s != AMBIENT and node.op in ops.CALL_OPS and set_stream(node, s):
+            if node.op not in ops.CALL_OPS:
+                continue
+            # An ambient node keeps no other stream's annotation: torch copies a value's onto the
+            # getitems that pass it through a sync it wraps, whose stream the sync's is.
+            if set_stream(node, s) if s != AMBIENT else annotated_stream(node) not in (None, AMBIENT):
+                if s == AMBIENT:
+                    drop_stream(node)
                 self.edited.append(node)
                 self.changed = True
 
