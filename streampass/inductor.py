@@ -147,7 +147,7 @@ class StreamPass(PassBase):
         backward = kind == "backward"
         device = values.graph_device(graph)
         if not backward and compile_hook.compiling_frame():
-            _check_shared_indices(gm, device)
+            _check_shared_indices(gm)
         offset, indices = dynamo_indices.index_offset(backward)
         with snapshot.all_or_nothing(gm):
             report = self._rewrite(gm, kind, device, offset, indices)
@@ -202,10 +202,11 @@ class StreamPass(PassBase):
         return "StreamPass()" if self.assign is None else f"StreamPass(assign={self.assign!r})"
 
 
-def _check_shared_indices(gm: torch.fx.GraphModule, device: torch.device) -> None:
+def _check_shared_indices(gm: torch.fx.GraphModule) -> None:
     """``sp.stream(k)`` where dynamo's table holds one of the function's own objects at ``k``:
-    with a stream, one stream for both (a warning: correct, less overlap); on an accelerator, with
-    an event, kernels launched on an event (refused, before any edit)."""
+    with a stream, one stream for both (a warning: correct, less overlap); with an event, kernels
+    launched on an event (refused before any edit, on CPU too, where the reading would refuse the
+    index later under its shifted number)."""
     first: dict[int, tuple[torch.fx.Node, object]] = {}
     for node, k, obj in dynamo_indices.shared_indices(gm):
         first.setdefault(k, (node, obj))
@@ -214,7 +215,7 @@ def _check_shared_indices(gm: torch.fx.GraphModule, device: torch.device) -> Non
             f"sp.stream({k}) is index {k} of dynamo's object table, which holds this function's {type(obj).__name__}"
         )
         advice = "use one kind of stream in a function: torch.Stream objects or sp.stream(k) (docs/inductor.md, Known limits)"
-        if _gpu(device) and not isinstance(obj, torch.Stream):
+        if not isinstance(obj, torch.Stream):
             raise StreamPassError(f"{where}: its kernels would be launched on an event; {advice}", node=node.name)
         warnings.warn(
             StreamPassWarning(

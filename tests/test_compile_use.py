@@ -1030,3 +1030,22 @@ def test_a_refused_sp_stream_index_says_why_under_torch_compile(k, says, fullgra
     with pytest.raises(Exception, match=r"raised exception StreamIndexError\(.*" + says) as caught, spi.enabled():
         compiled(torch.ones(3))
     assert not isinstance(caught.value, sp.StreamPassError)  # dynamo's own error, naming ours
+
+
+def sp1_on_the_index_of_an_event(x):
+    s = torch.Stream("cpu")  # index 0 on CPU
+    with s:
+        e = torch.Event("cpu")  # index 1
+        e.record()
+        with sp.stream(1):
+            y = x.sin()
+        e.wait()
+    return y + x
+
+
+def test_sp_stream_on_an_index_an_event_holds_is_refused_naming_it():
+    """Kernels cannot run on an event: refused before any edit, on CPU as on CUDA, with the index
+    the user wrote. Before, CPU warned "one stream", then the reading refused "index 2" (found by
+    a compile fuzz)."""
+    with spi.enabled(), pytest.raises(Exception, match=r"sp.stream\(1\) is index 1 .* holds this function's Event"):
+        torch.compile(sp1_on_the_index_of_an_event)(torch.randn(4))
