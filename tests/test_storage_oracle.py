@@ -117,7 +117,12 @@ def check(seed: int, n_steps: int, n_streams: int, tracer: str) -> None:
             copy.deepcopy(module)(*[a.clone() for a in args])
     except RuntimeError:
         return  # eager refuses it (overlapping out=, a view written in place after a resize): no program
-    gm = _traced(module, tracer, args)
+    try:
+        gm = _traced(module, tracer, args)
+    except RuntimeError as e:  # torch 2.15's export refuses copying into an expanded view that eager runs
+        if "more than one element of the written-to tensor" in str(e):
+            return
+        raise
     want = state_after(copy.deepcopy(gm), args)
     original = copy.deepcopy(gm)
     result = sp.run(gm)
