@@ -205,8 +205,7 @@ class StreamPass(PassBase):
 def _check_shared_indices(gm: torch.fx.GraphModule) -> None:
     """``sp.stream(k)`` where dynamo's table holds one of the function's own objects at ``k``:
     with a stream, one stream for both (a warning: correct, less overlap); with an event, kernels
-    launched on an event (refused before any edit, on CPU too, where the reading would refuse the
-    index later under its shifted number)."""
+    launched on an event (refused before any edit, on every device)."""
     first: dict[int, tuple[torch.fx.Node, object]] = {}
     for node, k, obj in dynamo_indices.shared_indices(gm):
         first.setdefault(k, (node, obj))
