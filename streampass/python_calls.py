@@ -15,6 +15,7 @@ import torch
 import torch.fx
 
 from streampass.ops import attribute
+from streampass.schema_facts import schema_facts
 
 # Python's operators that write their first argument: ``y += 1`` and ``y[i] = v`` (dynamo and
 # symbolic_trace record them so).
@@ -231,22 +232,11 @@ def _torch_name(node: torch.fx.Node) -> str | None:
     return None
 
 
-_packet_cache: dict[str, bool] = {}
-
-
 def _packet_views(packet: torch._ops.OpOverloadPacket) -> bool:
     """Whether any overload of an aten op packet returns a view of an argument (a schema alias
     on its result) and writes nothing: which one a call picks is not known before it runs."""
-    name = packet._qualified_op_name
-    if name not in _packet_cache:
-        schemas = [getattr(packet, o)._schema for o in packet.overloads()]
-        _packet_cache[name] = any(
-            s.returns
-            and s.returns[0].alias_info is not None
-            and not any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments)
-            for s in schemas
-        )
-    return _packet_cache[name]
+    facts = (schema_facts(getattr(packet, o)) for o in packet.overloads())
+    return any(f.returns_alias and not f.writes for f in facts)
 
 
 def returns_input(node: torch.fx.Node) -> bool:

@@ -106,11 +106,12 @@ class _Editor:
             s = self.stream.get(node, AMBIENT)
             if node.op not in ops.CALL_OPS:
                 continue
-            # An ambient node keeps no other stream's annotation: torch copies a value's onto the
-            # getitems that pass it through a sync it wraps, whose stream the sync's is.
-            if set_stream(node, s) if s != AMBIENT else annotated_stream(node) not in (None, AMBIENT):
-                if s == AMBIENT:
-                    drop_stream(node)
+            if s != AMBIENT:
+                annotated = set_stream(node, s)
+            else:  # keeps no other stream's annotation: torch copies a value's onto the getitems
+                # that pass it through a sync it wraps, whose stream the sync's is
+                annotated = annotated_stream(node) not in (None, AMBIENT) and drop_stream(node) is not None
+            if annotated:
                 self.edited.append(node)
                 self.changed = True
 
