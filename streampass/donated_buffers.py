@@ -58,10 +58,7 @@ def _storage_keys(node: Any) -> set:
     keys: set = set()
     if isinstance(val, torch.Tensor) and val.layout == torch.strided:
         keys.add(("storage", StorageWeakRef(val.untyped_storage())))
-    root = node
-    while (src := values.aliases_input(root)) is not None:
-        root = src
-    keys.add(("node", root))
+    keys.add(("node", values.storage_root(node)))
     return keys
 
 

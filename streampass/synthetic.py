@@ -14,7 +14,8 @@ import random
 import torch
 import torch.fx
 
-from streampass import ops, values
+from streampass import ops
+from streampass.values import storage_root
 
 aten = torch.ops.aten
 _BINARY = [aten.mul.Tensor, aten.maximum.default, aten.minimum.default]
@@ -104,7 +105,7 @@ def random_stream_graph(
         g.call_function(ops.JOIN, (top, regions[-1] if regions else 0))
     if copy_epilogue and n_nodes > 0:
         src = values[-1] if values[-1].op != "placeholder" else values[0]
-        if src is not inputs[0] and _storage(src) is inputs[0]:
+        if src is not inputs[0] and storage_root(src) is inputs[0]:
             src = inputs[0]  # a view of the input itself: eager refuses the overlapping copy
         c = g.call_function(aten.copy_.default, (inputs[0], src))
         c.meta["val"] = torch.empty(size, size, device="meta")
@@ -147,12 +148,12 @@ def _random_op(g, rng, values, inputs, inplace, matmul, size, views=0.0, multi_o
     r = rng.random()
     if r < inplace:
         # not inputs or module buffers: a graph called twice must compute the same
-        cands = [v for v in values if v.op != "placeholder" and _storage(v).op != "get_attr"]
+        cands = [v for v in values if v.op != "placeholder" and storage_root(v).op != "get_attr"]
         if cands:
             target, other = rng.choice(cands[-12:]), pick()
             # Eager refuses an in-place op whose input partly overlaps its output, as a
             # transposed view of the same storage does (only graphs with views have those).
-            if not views or _storage(target) is not _storage(other):
+            if not views or storage_root(target) is not storage_root(other):
                 return [call(aten.mul_.Tensor, (target, other))]
     if r < inplace + matmul:
         mm = call(aten.mm.default, (pick(), pick()))
@@ -162,12 +163,6 @@ def _random_op(g, rng, values, inputs, inplace, matmul, size, views=0.0, multi_o
     if rng.random() < 0.3:
         return [call(aten.lerp.Scalar, (pick(), pick(), 0.5))]
     return [call(rng.choice(_BINARY), (pick(), pick()))]
-
-
-def _storage(node: torch.fx.Node) -> torch.fx.Node:
-    while (src := values.aliases_input(node)) is not None:
-        node = src
-    return node
 
 
 def random_inputs(gm: torch.fx.GraphModule, seed: int = 0) -> list[torch.Tensor]:

@@ -140,6 +140,20 @@ def aliases_input(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+def storage_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose storage ``node`` shares: followed through views and pass-throughs back to
+    a value no input aliases (``node`` itself when it is a fresh value).
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> t = g.call_function(torch.ops.aten.t.default, (x,))
+    >>> storage_root(g.call_function(torch.ops.aten.view.default, (t, [-1]))) is x
+    True
+    """
+    while (src := aliases_input(node)) is not None:
+        node = src
+    return node
+
+
 def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     """What a getitem's result is a view of: the value a ``control_deps`` passes through, the
     list of views a chunk comes from, or the tensor a basic index (ints, slices, None, ...)
