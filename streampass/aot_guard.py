@@ -22,6 +22,9 @@ block (no torch file is edited), and only where the torch in use has that attrib
   the pass the copy writes the input again (:func:`streampass.transform.epilogue.
   copy_back_into_inputs`); its reads stay threaded, so a stream's read of a buffer after it
   waits for the stream that wrote it, outside the graph, stays after the wait.
+* 2.13's pre-pass returns each wait's dependencies in a set's order, which changes from one
+  process to the next, and with it the forward's saved tensors and so the backward's FX-graph
+  cache key: a warm process compiled the backward again. They are put in graph order.
 """
 
 from __future__ import annotations
@@ -66,7 +69,13 @@ def _sync_deps_guards() -> tuple:
             def kept(wait: torch.fx.Node, dep: torch.fx.Node) -> bool:
                 return not (streams.is_bwd_node(dep) and not streams.is_bwd_node(wait))
 
-            return {w: [d for d in found if kept(w, d)] for w, found in original(graph).items()}
+            # torch returns each list from a set, in an order that differs between processes:
+            # graph order keeps the backward's inputs, and so its FX-graph cache key, the same.
+            position = {n: i for i, n in enumerate(graph.nodes)}
+            return {
+                w: sorted((d for d in found if kept(w, d)), key=position.__getitem__)
+                for w, found in original(graph).items()
+            }
 
         keep_forward.__wrapped__ = original
         guards.append((streams, "_collect_wait_stream_forward_deps", original, keep_forward))

@@ -886,9 +886,10 @@ def test_a_pass_that_kept_graphs_survives_the_next_compile():
 # --------------------------------------------------------------------------------------------
 # A training loop, cold and warm caches, in fresh processes
 # --------------------------------------------------------------------------------------------
-def _job(mode: str, cache: str) -> dict:
-    """tests/training_job.py in a process of its own (``mode``: enabled, enable, auto, eager)."""
-    return job("training_job.py", mode, cache=cache)
+def _job(mode: str, cache: str, model: str = "two_branch") -> dict:
+    """tests/training_job.py in a process of its own (``mode``: enabled, enable, auto, eager;
+    ``model``: two_branch, wait_stream)."""
+    return job("training_job.py", mode, model, cache=cache)
 
 
 @pytest.mark.slow
@@ -906,6 +907,27 @@ def test_training_loop_cold_then_warm(tmp_path):
     assert all(r[1] > 0 and r[2] > 0 for r in cold["reports"])
     # warm: everything from the caches, the pass never ran, the same syncs ran
     assert warm["aot_hit"] == 1 and warm["aot_miss"] == 0 and warm["reports"] == []
+    assert warm["syncs"] == cold["syncs"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not compat.STREAM_METHODS_ARE_OPS, reason="torch 2.11 runs wait_stream while tracing")
+def test_a_warm_process_takes_the_backward_of_a_forward_with_wait_stream_from_the_cache(tmp_path):
+    """A forward with ``s.wait_stream(...)`` compiles in every process (its ``control_deps``
+    keep it out of the FX-graph cache); its backward has no user sync and comes from the cache
+    warm. torch 2.13 threads the wait's dependencies in a set's order, which differs between
+    processes, so the saved tensors, and with them the backward's cache key, changed: the warm
+    process compiled the backward again (streampass.aot_guard puts them in graph order)."""
+    cache = str(tmp_path / "cache")
+    eager = _job("eager", cache, "wait_stream")
+    cold = _job("enabled", cache, "wait_stream")
+    warm = _job("enabled", cache, "wait_stream")
+    for run in (cold, warm):
+        assert run["losses"] == pytest.approx(eager["losses"], rel=1e-5)
+        assert run["checksum"] == pytest.approx(eager["checksum"], rel=1e-5) and run["steps"] == 3
+        assert all(r[3] for r in run["reports"])
+    assert [r[0] for r in cold["reports"]] == ["forward", "backward"]
+    assert [r[0] for r in warm["reports"]] == ["forward"] and warm["fx_hit"] == 1
     assert warm["syncs"] == cold["syncs"] > 0
 
 

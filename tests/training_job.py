@@ -1,6 +1,7 @@
 """A training loop as people write it, run in its own process by tests/test_compile_use.py.
 
-``python tests/training_job.py {enabled|enable|eager}`` trains a small two-branch model for
+``python tests/training_job.py {enabled|enable|auto|eager} [two_branch|wait_stream]`` trains a
+small model (:class:`TwoBranch`, the default, or :class:`WaitStream`) for
 three steps under ``torch.compile`` with torch's default caches (the caller points
 ``TORCHINDUCTOR_CACHE_DIR`` at a fresh folder) and prints one JSON line: the losses, a
 checksum of the trained parameters, inductor's and AOT autograd's cache counters, the syncs
@@ -26,6 +27,8 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass.sim.cost import CostModel
 
+from user_stream_programs import CpuStream
+
 
 def aten_100us(node: torch.fx.Node) -> float | None:
     target = node.target
@@ -50,9 +53,37 @@ class TwoBranch(torch.nn.Module):
         return (left * right).sum()
 
 
-def main(mode: str) -> dict:
+class WaitStream(torch.nn.Module):
+    """PyTorch's CUDA-semantics pattern with ``torch.Stream`` objects: the side stream waits for
+    the main one, and the main one for the side stream before the join. The join's
+    ``wait_stream`` threads several values through its ``control_deps``. Eagerly on CPU the
+    streams are ``CpuStream``s: a CPU stream's own ``wait_stream`` raises."""
+
+    def __init__(self, stream=torch.Stream):
+        super().__init__()
+        self.main, self.side = stream("cpu"), stream("cpu")
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(16, 16)
+        self.o = torch.nn.Linear(16, 1)
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x):
+        with self.main:
+            self.side.wait_stream(self.main)
+            with self.side:
+                b = torch.tanh(self.b(x))
+            a = torch.relu(self.a(x))
+            self.main.wait_stream(self.side)
+            self.steps.add_(1)
+            return self.o(a + b).pow(2).mean()
+
+
+MODELS = {"two_branch": TwoBranch, "wait_stream": WaitStream}
+
+
+def main(mode: str, model_name: str = "two_branch") -> dict:
     torch.manual_seed(0)
-    model = TwoBranch()
+    model = MODELS[model_name]() if model_name != "wait_stream" or mode != "eager" else WaitStream(CpuStream)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     xs = [torch.randn(8, 16) for _ in range(3)]
     step = model if mode == "eager" else torch.compile(model)
@@ -100,4 +131,4 @@ def main(mode: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+    print(json.dumps(main(*sys.argv[1:])))
