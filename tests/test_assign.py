@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import streampass as sp
-from streampass.assign.choose import ANY_OTHER
-from streampass.assign.dag import longest_path, transitive_reduction
+from streampass.assign.choose import ANY_OTHER, generate
+from streampass.assign.dag import longest_path, transitive_reduction, work_graph
 from streampass.assign.fusion import fused_cost, fusion_groups
 from streampass.assign.memory import peak_bytes
+from streampass.assign.search import Search
 from streampass.assign.select import MEM_TIE, TIE
 from streampass.runtime import run_serial
 from streampass.sim.cost import PROFILES, CostModel
@@ -280,6 +281,23 @@ def test_user_annotations_are_fixed_and_explained():
     assert choice.makespan < choice.single_stream
     choice.apply(gm)
     assert sp.run(gm).ok
+
+
+def test_every_candidate_lists_its_nodes_in_graph_order():
+    """A priced candidate's ``streams`` (and so ``StreamChoice.groups()``/``explain()``) list the
+    nodes in graph order. The critical-path candidate listed its path first, from a set of nodes
+    whose order changed from one process to the next (another explanation on every run)."""
+    gm = _branches(3, 4096)
+    position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    a, model = sp.read_streams(gm), CostModel("h100")
+    w = work_graph(a, model)
+    search = Search(gm, a, w, {n.name for n in w.free}, model, True, (), float("inf"))
+    names = []
+    for name, streams, notes in generate(w, [0, 1, 2]):
+        e = search.price(name, streams, notes)
+        names.append(name)
+        assert list(e.streams) == sorted(e.streams, key=position.__getitem__), name
+    assert "critical path + round robin" in names
 
 
 def test_apply_refuses_a_graph_annotated_otherwise_and_edits_nothing():

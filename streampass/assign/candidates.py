@@ -221,10 +221,11 @@ def round_robin(w: WorkGraph, slots: list[int]) -> Candidate:
 
 def critical_round_robin(w: WorkGraph, slots: list[int]) -> Candidate:
     """The critical path on the ambient stream, the rest of each branch round-robin on the side streams."""
-    cp = set(w.critical_path())
+    path = w.critical_path()  # a list, in path order: a set's order changes between processes
+    cp = set(path)
     side = slots[1:] or [AMBIENT]
-    streams = dict.fromkeys(cp, AMBIENT)
-    notes = dict.fromkeys(cp, "on the critical path")
+    streams = dict.fromkeys(path, AMBIENT)
+    notes = dict.fromkeys(path, "on the critical path")
     i = 0
     for seg in segments(w):
         rest = [n for n in seg if n not in cp]
