@@ -121,7 +121,7 @@ class _Editor:
         order = [n for n in self.graph.nodes if n not in switches]
         index = self.index
         index.update((n, i) for i, n in enumerate(order))
-        gates = {self.gate_node.get(g, g): g for g in set(self.plan.protect) | set(self.plan.keepalive)}
+        gates = {self.gate_node.get(g, g): g for g in dict.fromkeys([*self.plan.protect, *self.plan.keepalive])}
         rewires = GatedUses(self.plan, self.stream, self.calls, self.root, index).by_sync(order, gates)
 
         pending: dict[int, list[Node]] = {}  # per stream: work since its last sync

@@ -263,7 +263,7 @@ def _bodies_callers_to_ambient(gm, external_events, given, planned: bool) -> tup
     for body in bodies.bodies(gm):
         inner = bodies.tree_streams(body.module, bodies.external_events(a), planned)
         below.update(inner)
-        for op in set(bodies.off_ambient(body, a, inner)) - moved:
+        for op in [o for o in bodies.off_ambient(body, a, inner) if o not in moved]:  # graph order
             notes.append(
                 f"node {op.name!r}: runs on stream {a.stream[op]}, and its body {body.name} places work on "
                 f"streams {inner}: moved to the ambient stream (a body's streams are planned from there)"
