@@ -913,9 +913,9 @@ def test_training_loop_cold_then_warm(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not compat.STREAM_METHODS_ARE_OPS, reason="torch 2.11 runs wait_stream while tracing")
 def test_a_warm_process_takes_the_backward_of_a_forward_with_wait_stream_from_the_cache(tmp_path):
-    """A forward with ``s.wait_stream(...)`` compiles in every process (its ``control_deps``
-    keep it out of the FX-graph cache); its backward has no user sync and comes from the cache
-    warm. torch 2.13 threads the wait's dependencies in a set's order, which differs between
+    """A forward with ``s.wait_stream(...)`` compiles in every process on 2.13 and later (its
+    ``control_deps`` keep it out of the FX-graph cache); its backward has no user sync and comes
+    from the cache warm. torch 2.13 threads the wait's dependencies in a set's order, which differs between
     processes, so the saved tensors, and with them the backward's cache key, changed: the warm
     process compiled the backward again (streampass.aot_guard puts them in graph order)."""
     cache = str(tmp_path / "cache")
