@@ -915,9 +915,10 @@ def test_training_loop_cold_then_warm(tmp_path):
 def test_a_warm_process_takes_the_backward_of_a_forward_with_wait_stream_from_the_cache(tmp_path):
     """A forward with ``s.wait_stream(...)`` compiles in every process on 2.13 and later (its
     ``control_deps`` keep it out of the FX-graph cache); its backward has no user sync and comes
-    from the cache warm. torch 2.13 threads the wait's dependencies in a set's order, which differs between
-    processes, so the saved tensors, and with them the backward's cache key, changed: the warm
-    process compiled the backward again (streampass.aot_guard puts them in graph order)."""
+    from the cache warm. torch 2.13 threads the wait's dependencies in a set's order, which
+    differs between processes, so the saved tensors, and with them the backward's cache key,
+    changed: the warm process compiled the backward again (streampass.aot_guard puts them in
+    graph order)."""
     cache = str(tmp_path / "cache")
     eager = _job("eager", cache, "wait_stream")
     cold = _job("enabled", cache, "wait_stream")

@@ -78,12 +78,10 @@ class WaitStream(torch.nn.Module):
             return self.o(a + b).pow(2).mean()
 
 
-MODELS = {"two_branch": TwoBranch, "wait_stream": WaitStream}
-
-
 def main(mode: str, model_name: str = "two_branch") -> dict:
     torch.manual_seed(0)
-    model = MODELS[model_name]() if model_name != "wait_stream" or mode != "eager" else WaitStream(CpuStream)
+    stream = CpuStream if mode == "eager" else torch.Stream
+    model = WaitStream(stream) if model_name == "wait_stream" else TwoBranch()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     xs = [torch.randn(8, 16) for _ in range(3)]
     step = model if mode == "eager" else torch.compile(model)

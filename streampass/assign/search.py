@@ -62,7 +62,6 @@ class Search:
         key = self.key(streams)
         if key not in self.tried:
             named = {n.name: streams[n] for n in self.w.nodes if n in streams}  # in issue order
-            named.update((n.name, s) for n, s in streams.items())  # (no other node today)
             t0 = time.perf_counter()
             fixed = self.w.fixed  # the free nodes are the others
             p = self.pricer({n: s for n, s in streams.items() if n not in fixed})
