@@ -132,24 +132,47 @@ def lookup(index: int):
 def install_object_fallback() -> None:
     """Route the stream ops' index lookups through :func:`lookup` (idempotent, process-wide).
 
-    The ops (``torch._dynamo.variables.streams``) and inductor's generated code (which imports
-    it from ``torch._dynamo.graph_bytecode_inputs``: torch 2.13's multi-stream codegen, or through
-    the ops' module: 2.15's) resolve an index with ``get_external_object_by_index``; that name is
-    replaced in those two modules, nowhere else. dynamo's own entries, its per-call prologue and
-    ``reset_user_object_tracking`` work as before; only lookups that would fail (``AssertionError:
-    Index not registered``) or that a bound graph answers change.
+    The ops resolve an index with ``_get_stream_by_index``/``_get_event_by_index`` of
+    ``torch._dynamo.variables.streams``; inductor's generated code imports the first of those
+    (torch 2.15) or ``get_external_object_by_index`` from ``torch._dynamo.graph_bytecode_inputs``
+    (2.13). Those three names are replaced there, nowhere else. The name dynamo traces with,
+    ``streams.get_external_object_by_index``, stays dynamo's: dynamo recognises the object a
+    traced ``s.record_event()`` returns by that function's identity. Dynamo's own entries, its
+    per-call prologue and ``reset_user_object_tracking`` work as before; only lookups that would
+    fail (``AssertionError: Index not registered``) or that a bound graph answers change.
 
     >>> from torch._dynamo import graph_bytecode_inputs
     >>> from torch._dynamo.variables import streams
     >>> install_object_fallback(); install_object_fallback()  # a second call changes nothing
-    >>> streams.get_external_object_by_index is graph_bytecode_inputs.get_external_object_by_index is lookup
+    >>> graph_bytecode_inputs.get_external_object_by_index is lookup
     True
+    >>> streams.get_external_object_by_index is lookup  # dynamo still traces with its own
+    False
+    >>> type(streams._get_event_by_index(EVENT_BASE + 7)).__name__
+    'NoOpEvent'
     """
     from torch._dynamo.variables import streams
 
     lookup.__wrapped_dynamo__ = _DYNAMO_LOOKUP
     table.get_external_object_by_index = lookup
-    streams.get_external_object_by_index = lookup
+    streams.get_external_object_by_index = _DYNAMO_LOOKUP
+    streams._get_stream_by_index = _stream_by_index
+    streams._get_event_by_index = _event_by_index
+
+
+def _stream_by_index(index: int) -> torch.Stream:
+    # the checks and messages of dynamo's own helpers, which these replace
+    obj = lookup(index)
+    if not isinstance(obj, torch.Stream):
+        raise AssertionError(f"Fork/join stream expected a stream object at index {index}")
+    return obj
+
+
+def _event_by_index(index: int) -> torch.Event:
+    obj = lookup(index)
+    if not isinstance(obj, torch.Event):
+        raise AssertionError(f"Record/wait event expected an event object at index {index}")
+    return obj
 
 
 class StreamTable:

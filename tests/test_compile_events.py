@@ -13,10 +13,12 @@ import torch._dynamo
 
 import streampass as sp
 import streampass.inductor as spi
-from streampass import ops
+from streampass import compat, ops
 from streampass.analysis.reading import events_recorded_outside
+from streampass.transform.plan import EVENT_BASE
 
 from reference import planned_syncs, reference
+from user_stream_programs import CpuStream
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 
@@ -177,3 +179,65 @@ def test_the_values_a_host_sync_passes_through_keep_its_stream():
     torch.testing.assert_close(w_c.grad, w_e.grad)
     assert [r.graph for r in p.reports] == ["forward", "backward"]
     assert all(sp.verify(r.verified_graph, r.external_events).ok for r in p.reports)
+
+
+CUR, SIDE = CpuStream("cpu"), CpuStream("cpu")
+
+
+def events_from_record_event(x):
+    """The events come from ``Stream.record_event()`` (pytorch's test_ctx_manager.py,
+    ``test_cuda_event_method_create_stream_outside_of_compile``; vLLM and SGLang write it so).
+    Streams made outside the function; on CPU the stand-ins' eager record is a no-op."""
+    with CUR:
+        y = x + 3
+        e = CUR.record_event()
+        SIDE.wait_event(e)
+        with SIDE:
+            z = (y * 4).sin()
+        CUR.wait_event(SIDE.record_event())
+        return (z + y).cos()
+
+
+RECORDS = 2 if compat.STREAM_METHODS_ARE_OPS else 0  # the records events_from_record_event traces to
+
+
+class _Traced(Exception):
+    pass
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_an_event_that_stream_record_event_returned(training):
+    """dynamo names the event ``s.record_event()`` returns by calling its lookup function and
+    knows the result by that function's identity. StreamPass used to replace the function for
+    good, so dynamo stopped on "torch.* op returned non-Tensor ... CpuEvent" at the first
+    ``record_event()``, inside an ``enabled()`` block and in any plain compile after one."""
+    x = torch.randn(4, 4)
+    x_e, x_c = x.clone().requires_grad_(training), x.clone().requires_grad_(training)
+    want = events_from_record_event(x_e)
+    p = spi.StreamPass(keep_graphs=True)
+    before = sum(spi.RUNTIME_SYNCS.values())
+    with spi.enabled(p):
+        got = torch.compile(events_from_record_event, fullgraph=True)(x_c)
+    ran = sum(spi.RUNTIME_SYNCS.values()) - before
+    torch.testing.assert_close(got, want)
+    if training:
+        got.sum().backward()  # after the block, as a training loop does
+        want.sum().backward()
+        torch.testing.assert_close(x_c.grad, x_e.grad)
+    assert [r.graph for r in p.reports] == (["forward", "backward"] if training else ["inference"])
+    assert all(sp.verify(r.verified_graph, r.external_events).ok for r in p.reports)
+    forward = p.reports[0].verified_graph
+    # the program's own records, kept (torch 2.11 runs Stream methods while tracing: no ops)
+    assert len([e for e in _event_records(forward) if e < EVENT_BASE]) == RECORDS
+    assert ran >= planned_syncs(forward)
+
+    traced = []
+
+    def capture(gm, example_inputs):
+        traced.append([n.target for n in gm.graph.nodes])
+        raise _Traced  # a CPU graph cannot record dynamo's real event: tracing is the point
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="_Traced"):
+        torch.compile(events_from_record_event, backend=capture, fullgraph=True)(x.clone())
+    assert [t.count(torch.ops.streams.record_event) for t in traced] == [RECORDS]

@@ -156,11 +156,14 @@ def make_event(*args, **kwargs):
 
 
 def record_event(stream):
-    """``stream.record_event()``, as ``torch.Event(DEVICE)`` + ``record(stream)`` when compiling: dynamo
-    runs ``Stream.record_event`` on the real stream while tracing, which raises on CPU ("cpu
-    backend doesn't support events"); the two-step form traces to the same record_event op.
-    Eagerly on CPU a CpuEvent (recording is a no-op on CPU)."""
-    if _real():
+    """``stream.record_event()``, as upstream writes it, on CUDA. On CPU, while compiling, as
+    ``torch.Event(DEVICE)`` + ``record(stream)``: dynamo runs ``Stream.record_event`` on the real
+    stream while tracing, which raises on CPU ("cpu backend doesn't support events"); the
+    two-step form traces to the same record_event op. Eagerly on CPU a CpuEvent (recording is a
+    no-op on CPU). ``tests/test_compile_events.py`` traces ``record_event()`` itself on CPU."""
+    if not ON_CPU:
+        return stream.record_event()
+    if torch.compiler.is_compiling():
         e = torch.Event(DEVICE)
         e.record(stream)
         return e
