@@ -133,21 +133,18 @@ def install_object_fallback() -> None:
     """Route the stream ops' index lookups through :func:`lookup` (idempotent, process-wide).
 
     The ops resolve an index with ``_get_stream_by_index``/``_get_event_by_index`` of
-    ``torch._dynamo.variables.streams``; inductor's generated code imports the first of those
-    (torch 2.15) or ``get_external_object_by_index`` from ``torch._dynamo.graph_bytecode_inputs``
-    (2.13). Those three names are replaced there, nowhere else. The name dynamo traces with,
-    ``streams.get_external_object_by_index``, stays dynamo's: dynamo recognises the object a
-    traced ``s.record_event()`` returns by that function's identity. Dynamo's own entries, its
-    per-call prologue and ``reset_user_object_tracking`` work as before; only lookups that would
-    fail (``AssertionError: Index not registered``) or that a bound graph answers change.
+    ``torch._dynamo.variables.streams``, inductor's generated code with the first (torch 2.15) or
+    with ``graph_bytecode_inputs.get_external_object_by_index`` (2.13): those three are replaced.
+    ``streams.get_external_object_by_index`` stays dynamo's: dynamo knows the event a traced
+    ``s.record_event()`` returns by that function's identity. Dynamo's own entries and prologue
+    work as before; only lookups that would fail (``AssertionError: Index not registered``) or
+    that a bound graph answers change.
 
     >>> from torch._dynamo import graph_bytecode_inputs
     >>> from torch._dynamo.variables import streams
     >>> install_object_fallback(); install_object_fallback()  # a second call changes nothing
-    >>> graph_bytecode_inputs.get_external_object_by_index is lookup
-    True
-    >>> streams.get_external_object_by_index is lookup  # dynamo still traces with its own
-    False
+    >>> graph_bytecode_inputs.get_external_object_by_index is lookup, streams.get_external_object_by_index is lookup
+    (True, False)
     >>> type(streams._get_event_by_index(EVENT_BASE + 7)).__name__
     'NoOpEvent'
     """
@@ -155,24 +152,21 @@ def install_object_fallback() -> None:
 
     lookup.__wrapped_dynamo__ = _DYNAMO_LOOKUP
     table.get_external_object_by_index = lookup
-    streams.get_external_object_by_index = _DYNAMO_LOOKUP
-    streams._get_stream_by_index = _stream_by_index
-    streams._get_event_by_index = _event_by_index
+    streams._get_stream_by_index, streams._get_event_by_index = _stream_by_index, _event_by_index
 
 
-def _stream_by_index(index: int) -> torch.Stream:
-    # the checks and messages of dynamo's own helpers, which these replace
-    obj = lookup(index)
-    if not isinstance(obj, torch.Stream):
-        raise AssertionError(f"Fork/join stream expected a stream object at index {index}")
-    return obj
+def _checked(kind: type, what: str):
+    def by_index(index: int):  # dynamo's own helpers' check and message
+        obj = lookup(index)
+        if not isinstance(obj, kind):
+            raise AssertionError(f"{what} expected a {kind.__name__.lower()} object at index {index}")
+        return obj
+
+    return by_index
 
 
-def _event_by_index(index: int) -> torch.Event:
-    obj = lookup(index)
-    if not isinstance(obj, torch.Event):
-        raise AssertionError(f"Record/wait event expected an event object at index {index}")
-    return obj
+_stream_by_index = _checked(torch.Stream, "Fork/join stream")
+_event_by_index = _checked(torch.Event, "Record/wait event")
 
 
 class StreamTable:
