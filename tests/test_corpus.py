@@ -31,6 +31,7 @@ from torch._dynamo.utils import counters
 
 import streampass as sp
 import streampass.inductor as spi
+from streampass.analysis.reading import events_recorded_outside
 
 from reference import job, planned_syncs
 from user_stream_programs import DEVICE, ON_CPU, PROGRAMS, CpuStream, Program
@@ -148,14 +149,14 @@ def test_upstream_program(p: Program, assign):
     torch.testing.assert_close(_tensors(inputs_c), _tensors(inputs_e))  # in-place updates too
     if p.training:
         torch.testing.assert_close(_grads(inputs_c, owner_c), _grads(inputs_e, owner_e))
-    kept = [r.verified_graph for r in passes.reports if r.verified_graph is not None]
+    kept = [r for r in passes.reports if r.verified_graph is not None]
     # every graph inductor compiled (each is a cache miss or bypass here) went through the pass
     compiled_graphs = counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"]
     assert len(passes.reports) == compiled_graphs
-    for gm in kept:
-        report = sp.verify(gm)
+    for r in kept:  # an event waited on before the graph records it was recorded outside it
+        report = sp.verify(r.verified_graph, r.external_events)
         assert report.ok, report
-    assert ran >= sum(planned_syncs(gm) for gm in kept)
+    assert ran >= sum(planned_syncs(r.verified_graph) for r in kept)
     kinds = [r.graph for r in passes.reports]
     assert kinds.count("forward") == kinds.count("backward")  # each backward after the block too
     if assign is None and p.fullgraph:
@@ -171,13 +172,14 @@ def _captured_as_the_pass_saw_it(p: Program, forward: list) -> None:
 
     _, fn = _target(p)
     gm = capture(fn, *_inputs(p))
-    a = sp.read_streams(gm)
+    outside = events_recorded_outside(gm)
+    a = sp.read_streams(gm, outside)
     if forward:
         assert [a.streams] == [r.streams for r in forward]
     else:  # inductor had nothing to compile (the program computes nothing): neither has the capture
         assert a.streams == [0] and not any(a.is_compute(n) for n in a.nodes)
         return  # its outputs are the inputs, which AOT autograd returns outside the graph
-    assert sp.run(gm).ok and sp.verify(gm).ok
+    assert sp.run(gm, external_events=outside).ok and sp.verify(gm, outside).ok
     if ON_CPU and any(n.target is torch.ops.streams.record_stream.default for n in gm.graph.nodes):
         return  # eager torch has no record_stream for a CPU tensor (the program's stand-in skips it)
     _, eager_fn = _target(p)
@@ -227,6 +229,7 @@ WARM = [
     "local_stream_nested_enter_exit", "stream_with_mutation", "stream_backward_simple", "event_tracing",
     "epilogue_copy_streams_inference", "epilogue_copy_stream_tracking", "backward_sync_control_deps_e2e",
     "record_stream", "event_record_on_different_stream_no_error", "del_single_stream_no_sync_dealloc",
+    "ctx_event_across_graph_break", "ctx_event_created_outside_of_graph",  # events recorded outside
     # declined: user syncs
     "control_deps_wrapping_record_event", "multiple_stream_contexts", "bidirectional_stream_sync",
     "del_multi_stream_sync_dealloc",

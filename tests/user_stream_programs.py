@@ -4,6 +4,9 @@ Every entry re-expresses, in our own code, one upstream test's compiled program 
 
 * ``test/dynamo/test_streams.py``     (newest stored revision, 78,945 chars, 62 tests)
 * ``test/inductor/test_user_streams.py`` (revision 01ec0f7c969c, 79,286 chars, 63 tests)
+* ``test/dynamo/test_ctx_manager.py`` (revision 008329794cb9, 95,916 chars): its eleven CUDA stream
+  and event tests (``test_cuda_stream_*``, ``test_cuda_event_*``; ``test_cuda_stream_compared_with_constant``
+  gives two programs). Its other tests are grad-mode, autocast, profiler and device contexts.
 
 with the same sequence of stream switches, syncs and ops, translated to CPU. Nothing here
 uses streampass; there is no pytest code. ``PROGRAMS`` is the list a harness iterates.
@@ -61,7 +64,7 @@ CPU translation (what works on CPU in torch 2.13.0, checked eagerly)
       ``record_event`` / ``wait_stream`` are no-ops. That is exact on CPU: CPU work runs
       synchronously in program order. Used for upstream objects created outside fn.
     - ``current_stream()`` for ``torch.accelerator.current_stream()`` / ``torch.cuda.current_stream()``:
-      compiled -> ``torch.accelerator.current_stream()``; eager -> ``torch.Stream("cpu")`` (equal to
+      compiled -> ``torch.accelerator.current_stream()``; eager -> ``CpuStream("cpu")`` (equal to
       every CPU stream, incl. the entered one). ``.cuda_stream`` -> ``.stream_id``.
     - ``record_stream(t, s)`` for ``t.record_stream(s)``: compiled -> ``t.record_stream(s)``;
       eager -> no-op (CPU has no caching allocator).
@@ -81,6 +84,7 @@ CPU translation (what works on CPU in torch 2.13.0, checked eagerly)
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,10 +182,11 @@ def make_stream(*args, **kwargs):
 
 
 def current_stream():
-    """``torch.accelerator.current_stream()`` when compiling or on CUDA; eagerly the CPU stream."""
+    """``torch.accelerator.current_stream()`` when compiling or on CUDA; eagerly on CPU a CpuStream
+    (so that ``current_stream().wait_stream(s)`` runs eagerly, as on CUDA)."""
     if _real():
         return torch.accelerator.current_stream()
-    return torch.Stream("cpu")
+    return CpuStream("cpu")
 
 
 def record_stream(tensor: torch.Tensor, stream) -> None:
@@ -211,6 +216,7 @@ def _two(requires_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
 
 DYN = "test/dynamo/test_streams.py::TestStreams::"
 IND = "test/inductor/test_user_streams.py::"
+CTX = "test/dynamo/test_ctx_manager.py::CtxManagerTests::"
 
 
 # ============================================================================================
@@ -1773,9 +1779,190 @@ def explicit_current_stream_with_cudagraphs(x, y):
     return z + y
 
 
+# --------------------------------------------------------------------------------------------
+# test/dynamo/test_ctx_manager.py (CtxManagerTests): its CUDA stream and event tests
+# --------------------------------------------------------------------------------------------
+def ctx_stream_context_manager1(x):
+    s = make_stream()
+    x = torch.mul(x, 5)
+    x = torch.add(x, 2)
+    current = current_stream()
+    s.wait_stream(current)
+    with s:
+        x = torch.relu(x)
+    current.wait_stream(s)
+    x = torch.add(x, 1)
+    x = torch.cos(x)
+    return x
+
+
+_XB_STREAM = CpuStream(DEVICE)
+
+
+def ctx_stream_across_graph_break(x, current):
+    s = make_stream() if not ON_CPU else _XB_STREAM  # see the note
+    x = torch.mul(x, 5)
+    x = torch.add(x, 2)
+    torch._dynamo.graph_break()  # upstream: print("foo")
+    tcs = s  # upstream: tcs = torch.cuda.stream(s), entered below
+    s.wait_stream(current)
+    with tcs:
+        x = torch.relu(x)
+    current.wait_stream(s)
+    x = torch.add(x, 1)
+    x = torch.cos(x)
+    return x
+
+
+def ctx_stream_context_manager2(x, s):
+    x = torch.mul(x, 5)
+    x = torch.add(x, 2)
+    current = current_stream()
+    s.wait_stream(current)
+    with s:
+        x = torch.relu(x)
+    current.wait_stream(s)
+    with current if not ON_CPU else contextlib.nullcontext():  # see the note
+        x = torch.relu(x)
+    s2 = make_stream()
+    s2.wait_stream(current)
+    with s2:
+        x = torch.relu(x)
+    current.wait_stream(s2)
+    x = torch.add(x, 1)
+    x = torch.cos(x)
+    return x
+
+
+def ctx_stream_method(x):
+    x = torch.mul(x, 1)
+    x = torch.add(x, 2)
+    new_stream = make_stream()
+    cur_stream = current_stream()
+    new_stream.wait_stream(cur_stream)
+    with new_stream:
+        x = torch.sin(x)
+        x = torch.add(x, 3)
+    cur_stream.wait_stream(new_stream)
+    x = torch.add(x, 4)
+    cur_stream.query()
+    cur_stream.synchronize()
+    with new_stream:
+        x = torch.add(x, 5)
+    new_stream.synchronize()
+    x = torch.relu(x)
+    x = torch.cos(x)
+    return x
+
+
+def ctx_stream_compared_with_none(x):
+    x = torch.mul(x, 1)
+    x = torch.add(x, 2)
+    if current_stream() is not None:
+        return x + 1
+    return x - 1
+
+
+def ctx_stream_compared_with_str(x):
+    x = torch.mul(x, 1)
+    x = torch.add(x, 2)
+    if current_stream() != "const_str":
+        return x + 1
+    return x - 1
+
+
+def ctx_stream_compared_with_stream(x, s0, s1):
+    if s0 == s1:
+        return x + 1
+    return x - 1
+
+
+def ctx_event_reconstruct(x):
+    e = make_event()
+    x = torch.mul(x, 5)
+    x = torch.add(x, 2)
+    return x, e
+
+
+def ctx_event_across_graph_break(x, current):
+    e = make_event()
+    e.record(current)
+    x = torch.mul(x, 5)
+    x = torch.add(x, 2)
+    torch._dynamo.graph_break()  # upstream: print("foo")
+    current.wait_event(e)
+    x = torch.add(x, 1)
+    x = torch.cos(x)
+    return x, e
+
+
+_CO_STREAM = torch.Stream(DEVICE)
+_CO_EVENT = CpuEvent(DEVICE)
+
+
+def ctx_event_created_outside_of_graph(foo):
+    _CO_EVENT.wait()
+    return foo + 1, _CO_EVENT
+
+
+def _mm_on_user_stream() -> tuple[torch.Tensor]:
+    """Upstream's eager half: ``torch.mm(x, x, out=foo)`` and ``event.record()`` on a user stream."""
+    x = _randn(8, 8, seed=3).to(DEVICE)
+    foo = torch.empty(8, 8, device=DEVICE)
+    with _CO_STREAM:
+        torch.mm(x, x, out=foo)
+        _CO_EVENT.record()
+    return (foo,)
+
+
+def ctx_event_method_create_stream_outside_of_compile(x, cur_stream, new_stream):
+    x = torch.mul(x, 1)
+    x = torch.add(x, 2)
+    x = torch.add(x, 3)
+    event = record_event(cur_stream)
+    event.query()
+    new_stream.wait_event(event)
+    with new_stream:
+        x = torch.add(x, 4)
+    new_event = make_event()
+    new_event.record(new_stream)
+    new_event.wait(cur_stream)
+    x = torch.add(x, 5)
+    new_event.synchronize()  # use new event to sync
+    x = torch.relu(x)
+    x = torch.cos(x)
+    return x
+
+
+def ctx_event_method(x):
+    x = torch.mul(x, 1)
+    x = torch.add(x, 2)
+    cur_stream = current_stream()
+    new_stream = make_stream()
+    x = torch.add(x, 3)
+    event = record_event(cur_stream)
+    event.query()
+    new_stream.wait_event(event)
+    with new_stream:
+        x = torch.add(x, 4)
+    new_event = make_event()
+    new_event.record(new_stream)
+    new_event.wait(cur_stream)
+    x = torch.add(x, 5)
+    new_event.synchronize()  # use new event to sync
+    x = torch.relu(x)
+    x = torch.cos(x)
+    return x
+
+
 # ============================================================================================
 # the corpus
 # ============================================================================================
+_AFTER_BREAK = (
+    "The current stream is passed in (upstream: torch.cuda.current_stream() inside; on CUDA the "
+    "input is that stream). CPU: dynamo has no current stream, and a graph break inside the "
+    "harness's `with` makes dynamo trace the function as a frame of its own, outside it."
+)
 _EV_NOTE = "make_event() is torch.Event('cpu') when compiling, CpuEvent eagerly (CPU events cannot record)."
 
 PROGRAMS: list[Program] = [
@@ -3034,5 +3221,142 @@ PROGRAMS: list[Program] = [
             "Same with cur = torch.cuda.current_stream() passed explicitly to record/wait; CPU: "
             "current_stream() (torch.accelerator.current_stream() when compiling)."
         ),
+    ),
+    # ------------------------------------------------------- test/dynamo/test_ctx_manager.py
+    Program(
+        name="ctx_stream_context_manager1",
+        upstream=CTX + "test_cuda_stream_context_manager1",
+        fn=ctx_stream_context_manager1,
+        inputs=lambda: (_randn(4, 4),),
+        training=False,
+        since=(2, 12),  # torch 2.11 runs Stream.wait_stream while compiling, which a CPU stream cannot do
+        note=(
+            "A stream made inside: s.wait_stream(current), relu in s, current.wait_stream(s). "
+            "Upstream checks one frame, 12 ops, equality with eager."
+        ),
+    ),
+    Program(
+        name="ctx_stream_across_graph_break",
+        upstream=CTX + "test_cuda_stream_across_graph_break",
+        fn=ctx_stream_across_graph_break,
+        inputs=lambda: (_randn(4, 4), current_stream()),
+        training=False,
+        fullgraph=False,
+        note=(
+            "The same with a graph break (upstream: print) before the stream is entered; the "
+            "stream is made in the first graph and used in the second. Upstream marks it "
+            "expectedFailure (pytorch#118204: frame and op counts), and checks equality too. "
+            "CPU: the stream is a CpuStream made outside, since dynamo runs the second graph's "
+            "s.wait_stream(current) on the real stream the first graph made, which a CPU stream "
+            "cannot do; and dynamo runs the part after the break eagerly (one graph compiles). " + _AFTER_BREAK
+        ),
+    ),
+    Program(
+        name="ctx_stream_context_manager2",
+        upstream=CTX + "test_cuda_stream_context_manager2",
+        fn=ctx_stream_context_manager2,
+        inputs=lambda: (_randn(4, 4), CpuStream(DEVICE)),
+        training=False,
+        since=(2, 12),  # torch 2.11 runs Stream.wait_stream while compiling, which a CPU stream cannot do
+        note=(
+            "A stream passed in and one made inside, each fenced by wait_stream both ways, and "
+            "`with current:` re-entering the current stream between them. Upstream marks it "
+            "expectedFailure (pytorch#118204). CPU: the `with current:` is left out (it changes "
+            "nothing): re-entering the stream the harness entered stops dynamo ('multiple exits?', "
+            "with any backend and no streampass)."
+        ),
+    ),
+    Program(
+        name="ctx_stream_method",
+        upstream=CTX + "test_cuda_stream_method",
+        fn=ctx_stream_method,
+        inputs=lambda: (_randn(4, 4),),
+        training=False,
+        since=(2, 12),  # torch 2.11 runs Stream.wait_stream while compiling, which a CPU stream cannot do
+        note=(
+            "wait_stream both ways, two blocks on one side stream, cur.query(), "
+            "cur.synchronize(), new.synchronize(). Upstream checks 21 ops and equality."
+        ),
+    ),
+    Program(
+        name="ctx_stream_compared_with_none",
+        upstream=CTX + "test_cuda_stream_compared_with_constant",
+        fn=ctx_stream_compared_with_none,
+        inputs=lambda: (_randn(4, 4),),
+        training=False,
+        note="`current_stream() is not None` as a branch condition (upstream's fn).",
+    ),
+    Program(
+        name="ctx_stream_compared_with_str",
+        upstream=CTX + "test_cuda_stream_compared_with_constant",
+        fn=ctx_stream_compared_with_str,
+        inputs=lambda: (_randn(4, 4),),
+        training=False,
+        note='`current_stream() != "const_str"` as a branch condition (upstream\'s fn2).',
+    ),
+    Program(
+        name="ctx_stream_compared_with_stream",
+        upstream=CTX + "test_cuda_stream_compared_with_stream",
+        fn=ctx_stream_compared_with_stream,
+        inputs=lambda: (_randn(4, 4), torch.Stream(DEVICE), torch.Stream(DEVICE)),
+        training=False,
+        note=(
+            "`s0 == s1` on two streams passed in as a branch condition. CPU: every CPU stream "
+            "has stream_id 0, so the two compare equal and the other branch is taken."
+        ),
+    ),
+    Program(
+        name="ctx_event_reconstruct",
+        upstream=CTX + "test_cuda_event_reconstruct",
+        fn=ctx_event_reconstruct,
+        inputs=lambda: (_randn(4, 4),),
+        training=False,
+        note="An event made inside and returned (dynamo reconstructs it). " + _EV_NOTE,
+    ),
+    Program(
+        name="ctx_event_across_graph_break",
+        upstream=CTX + "test_cuda_event_across_graph_break",
+        fn=ctx_event_across_graph_break,
+        inputs=lambda: (_randn(4, 4), current_stream()),
+        training=False,
+        fullgraph=False,
+        note=(
+            "e.record() in the first graph, a graph break (upstream: print), "
+            "current.wait_event(e) in the second: the event crosses the break and "
+            "is returned. " + _EV_NOTE + " " + _AFTER_BREAK
+        ),
+    ),
+    Program(
+        name="ctx_event_created_outside_of_graph",
+        upstream=CTX + "test_cuda_event_created_outside_of_graph",
+        fn=ctx_event_created_outside_of_graph,
+        inputs=_mm_on_user_stream,
+        training=False,
+        note=(
+            "Module-level stream and event: the inputs run upstream's eager half (mm into foo "
+            "and event.record() on the user stream); the compiled function waits on the "
+            "event, reads foo and returns the event. Upstream loops 10 times at 1024x1024."
+        ),
+    ),
+    Program(
+        name="ctx_event_method_create_stream_outside_of_compile",
+        upstream=CTX + "test_cuda_event_method_create_stream_outside_of_compile",
+        fn=ctx_event_method_create_stream_outside_of_compile,
+        inputs=lambda: (_randn(4, 4), current_stream(), CpuStream(DEVICE)),
+        training=False,
+        note=(
+            "The current stream and a new stream passed in: cur.record_event(), query, "
+            "new.wait_event, a block on new, new_event.record(new), new_event.wait(cur), "
+            "new_event.synchronize(). CPU: the stream passed as current is a stand-in, not the "
+            "one the harness enters; cur.record_event() as in record_event(). " + _EV_NOTE
+        ),
+    ),
+    Program(
+        name="ctx_event_method",
+        upstream=CTX + "test_cuda_event_method",
+        fn=ctx_event_method,
+        inputs=lambda: (_randn(4, 4),),
+        training=False,
+        note="The same with both streams obtained inside the function. " + _EV_NOTE,
     ),
 ]
