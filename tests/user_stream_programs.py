@@ -7,6 +7,10 @@ Every entry re-expresses, in our own code, one upstream test's compiled program 
 * ``test/dynamo/test_ctx_manager.py`` (revision 008329794cb9, 95,916 chars): its eleven CUDA stream
   and event tests (``test_cuda_stream_*``, ``test_cuda_event_*``; ``test_cuda_stream_compared_with_constant``
   gives two programs). Its other tests are grad-mode, autocast, profiler and device contexts.
+* ``test/inductor/test_control_deps.py`` (revision 063cd4b472cb, 31,510 chars): the four programs
+  with user streams; its other tests build ``control_deps`` by hand in a post-grad pass or on a
+  hand-made graph, and ``test_ordering_barrier_is_nop`` compiles the same program as
+  ``test_control_deps_passthrough_creates_ordering_barrier``.
 
 with the same sequence of stream switches, syncs and ops, translated to CPU. Nothing here
 uses streampass; there is no pytest code. ``PROGRAMS`` is the list a harness iterates.
@@ -217,6 +221,7 @@ def _two(requires_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
 DYN = "test/dynamo/test_streams.py::TestStreams::"
 IND = "test/inductor/test_user_streams.py::"
 CTX = "test/dynamo/test_ctx_manager.py::CtxManagerTests::"
+CD = "test/inductor/test_control_deps.py::TestControlDeps::"
 
 
 # ============================================================================================
@@ -1955,6 +1960,64 @@ def ctx_event_method(x):
     return x
 
 
+# --------------------------------------------------------------------------------------------
+# test/inductor/test_control_deps.py (TestControlDeps): the tests that compile a user stream program
+# --------------------------------------------------------------------------------------------
+def cd_orders_void_op_across_nested_calls(x):
+    s1 = make_stream()
+    s2 = make_stream()
+    e = make_event()
+    with s1:
+        y = x + 1
+        e.record()
+    with s2:
+        a = x * 3
+        e.wait()
+        z = y * a
+    return z
+
+
+def cd_passthrough_creates_ordering_barrier(x):
+    s = make_stream()
+    e = make_event()
+    with s:
+        y = x + 1
+        e.record()
+    e.wait()
+    return y * 2
+
+
+def cd_bidirectional_stream_sync_correctness(x):
+    s1 = make_stream()
+    s2 = make_stream()
+    event_s1 = make_event()
+    event_s2 = make_event()
+    with s1:
+        a = x * 2
+        event_s1.record(s1)
+    with s2:
+        event_s1.wait(s2)
+        b = a + 1
+        event_s2.record(s2)
+    with s1:
+        event_s2.wait(s1)
+        c = b * 2
+    s1.synchronize()
+    s2.synchronize()
+    return c
+
+
+def cd_host_to_device_transfer_between_sync_passthroughs(x, w):
+    meta = torch.tensor(x.shape[-2], dtype=torch.long)  # a host tensor, live across the sync
+    residual = x.sin()
+    s = make_stream()
+    with s:
+        out = x @ w
+    s.synchronize()
+    extra = meta.to(device=out.device, dtype=out.dtype)
+    return torch.cat((out, extra.expand(*out.shape[:-1], 1), residual), dim=-1)
+
+
 # ============================================================================================
 # the corpus
 # ============================================================================================
@@ -3358,5 +3421,54 @@ PROGRAMS: list[Program] = [
         inputs=lambda: (_randn(4, 4),),
         training=False,
         note="The same with both streams obtained inside the function. " + _EV_NOTE,
+    ),
+    # -------------------------------------------------------- test/inductor/test_control_deps.py
+    Program(
+        name="cd_orders_void_op_across_nested_calls",
+        upstream=CD + "test_control_deps_orders_void_op_across_nested_calls",
+        fn=cd_orders_void_op_across_nested_calls,
+        inputs=lambda: (torch.ones(2, 2),),
+        training=False,
+        note=(
+            "e.record() in s1 after y = x + 1; in s2, a = x * 3, e.wait(), z = y * a. Upstream "
+            "checks that the record's void op is an additional buffer dep of the wait's "
+            "operations after lowering; here, equality with eager. " + _EV_NOTE
+        ),
+    ),
+    Program(
+        name="cd_passthrough_creates_ordering_barrier",
+        upstream=CD + "test_control_deps_passthrough_creates_ordering_barrier",
+        fn=cd_passthrough_creates_ordering_barrier,
+        inputs=lambda: (torch.ones(4),),
+        training=False,
+        note=(
+            "y made on a side stream and recorded; e.wait() on the current stream; y * 2. "
+            "Upstream checks inductor's OrderingBarrier nodes and equality with eager "
+            "(test_ordering_barrier_is_nop compiles the same program). " + _EV_NOTE
+        ),
+    ),
+    Program(
+        name="cd_bidirectional_stream_sync_correctness",
+        upstream=CD + "test_bidirectional_stream_sync_correctness",
+        fn=cd_bidirectional_stream_sync_correctness,
+        inputs=lambda: (_randn(64),),
+        training=False,
+        note=(
+            "s1 -> s2 -> s1 through two events, then both streams synchronized (upstream's "
+            "regression for a barrier scheduled before the record it follows); equality with "
+            "eager. " + _EV_NOTE
+        ),
+    ),
+    Program(
+        name="cd_host_to_device_transfer_between_sync_passthroughs",
+        upstream=CD + "test_host_to_device_transfer_between_sync_passthroughs",
+        fn=cd_host_to_device_transfer_between_sync_passthroughs,
+        inputs=lambda: (_randn(8, 32).bfloat16(), _randn(32, 32, seed=1).bfloat16()),
+        training=False,
+        note=(
+            "A host tensor and a device tensor both live across s.synchronize(), the host one "
+            "moved to the device after it (bf16). Upstream compiles with "
+            "mode='reduce-overhead' (CUDA graphs) at 8x128; here the default mode at 8x32."
+        ),
     ),
 ]
