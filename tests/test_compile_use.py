@@ -263,6 +263,61 @@ def test_enable_covers_a_compile_whose_options_replace_the_post_grad_pass(enable
     assert [r.graph for r in p.reports] == ["inference"] and _side_ops(p.reports[0]) == ["sin.default"]
 
 
+def _order_cat_after_the_first_add(graph):
+    """A user's own post-grad pass, as torch's ``test/inductor/test_control_deps.py`` writes them:
+    ``preserve_node_ordering`` wraps the ``cat`` (work, not a stream op) in ``control_deps``."""
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    cat = graph.find_nodes(op="call_function", target=torch.ops.aten.cat.default)[0]
+    first_add = graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor)[0]
+    preserve_node_ordering(graph, {cat: OrderedSet([first_add])})
+
+
+def cat_of_two(a, b, c):
+    return torch.cat([a + 1, b * 2]) + c
+
+
+def cat_of_two_streams(a, b, c):
+    s = torch.Stream("cpu")
+    x = a + 1
+    with s:
+        y = b * 2
+    return torch.cat([x, y]) + c
+
+
+def test_a_users_pass_that_wraps_work_in_control_deps_leaves_a_graph_without_streams_alone():
+    """``enabled()`` runs the user's post-grad pass first. A graph with no streams has nothing to
+    plan, so work that pass wrapped in ``control_deps`` is kept as it is; before, every such
+    compile failed ("control_deps runs aten.cat.default")."""
+    args = [torch.rand(16, 8), torch.rand(16, 8), torch.rand(32, 8)]
+    p = spi.StreamPass(keep_graphs=True)
+    with inductor_config.patch(post_grad_custom_post_pass=_order_cat_after_the_first_add), spi.enabled(p):
+        got = torch.compile(cat_of_two)(*args)
+    torch.testing.assert_close(got, cat_of_two(*args))
+    assert p.reports and all(r.streams == [0] and r.waits_added == 0 and not r.changed for r in p.reports)
+
+
+def test_a_users_pass_that_wraps_work_in_control_deps_next_to_streams_is_refused_naming_it():
+    """With streams, the wrapped work's reads and writes would go unseen by the plan: refused,
+    naming the node. Given before that pass, StreamPass plans the graph and the pass then wraps
+    work in a graph whose syncs are already in place (docs/inductor.md, "Turn it on")."""
+    args = [torch.rand(16, 8), torch.rand(16, 8), torch.rand(32, 8)]
+    with (
+        inductor_config.patch(post_grad_custom_post_pass=_order_cat_after_the_first_add),
+        spi.enabled(),
+        pytest.raises(Exception, match=r"node 'cat'.*control_deps runs aten\.cat\.default"),
+    ):
+        torch.compile(cat_of_two_streams)(*args)
+    torch._dynamo.reset()
+    p = spi.StreamPass(keep_graphs=True)
+    passes = compat.post_grad_config([p, _order_cat_after_the_first_add])
+    got = torch.compile(cat_of_two_streams, options={"post_grad_custom_post_pass": passes})(*args)
+    torch.testing.assert_close(got, cat_of_two_streams(*args))
+    (r,) = p.reports
+    assert r.streams == [0, 1] and r.waits_added > 0 and sp.verify(r.verified_graph).ok
+
+
 def test_disable_undoes_enable(enabled_for_the_test):
     before = inductor_config.post_grad_custom_post_pass
     p = enabled_for_the_test(spi.StreamPass())

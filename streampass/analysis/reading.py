@@ -204,6 +204,7 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
     owner = graph.owning_module
     attributes, attribute_root = modules.attribute_roots(nodes, owner)  # one root per storage
     hidden: dict[torch.fx.Node, tuple[tuple[torch.fx.Node, ...], tuple[torch.fx.Node, ...]]] = {}
+    unseen: list[tuple[torch.fx.Node, str]] = []  # control_deps wrapping work: its accesses unread
 
     # One pass: per node its stream, sync call, storage root and whether it does work.
     for node in nodes:
@@ -219,6 +220,8 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
                 problem = wellformed.control_deps_problem(node)
                 if problem is not None:
                     raise StreamPassError(problem, node.name)
+                if (work := wellformed.control_deps_work(node)) is not None:
+                    unseen.append((node, work))  # refused below if the graph uses streams
             call = ops.as_sync_call(node)
             if call is not None:
                 if returned is not None:
@@ -274,6 +277,8 @@ def read_streams(g: torch.fx.GraphModule | torch.fx.Graph, external_events: Iter
 
     if nodes and returned is None:
         raise StreamPassError("the graph has no output node: FX's code would return nothing", nodes[-1].name)
+    if unseen and (syncs or named or any(stream.values())):
+        raise StreamPassError(unseen[0][1], unseen[0][0].name)
     if regions:
         s, fork_node = regions[-1]
         raise StreamPassError(f"fork to stream {s} is never joined", fork_node.name)

@@ -77,11 +77,7 @@ def _stream_op(sub: torch.fx.GraphModule) -> torch.fx.Node:
 
 
 def control_deps_problem(node: torch.fx.Node) -> str | None:
-    """What keeps streampass from reading a ``control_deps`` node that performs no stream op, or
-    None if it does nothing on the device (a body with no call: it only orders). A body that
-    runs work (torch's ``preserve_node_ordering`` wraps collectives, and random ops under
-    ``fallback_random``) is refused rather than read as nothing: its reads and writes would go
-    unseen.
+    """What makes a ``control_deps`` node malformed (its arguments, its subgraph), or None.
 
     >>> g = torch.fx.Graph()
     >>> control_deps_problem(g.call_function(ops.CONTROL_DEPS, ()))
@@ -97,12 +93,22 @@ def control_deps_problem(node: torch.fx.Node) -> str | None:
         return f"control_deps' subgraph {args[1]!r} is not a GraphModule of the graph's module"
     if not any(n.op == "output" for n in sub.graph.nodes):
         return "control_deps' subgraph has no output node"
-    calls = [n for n in sub.graph.nodes if n.op.startswith("call_")]
+    return None
+
+
+def control_deps_work(node: torch.fx.Node) -> str | None:
+    """Why streampass cannot plan around a well-formed ``control_deps`` node whose body runs
+    work besides one stream op, or None. torch's ``preserve_node_ordering`` wraps such work
+    (collectives, a user's post-grad pass, random ops under ``fallback_random``): its reads
+    and writes would go unseen, so a graph with streams refuses it; a graph on the ambient
+    stream alone has nothing to plan and keeps it as it is (``read_streams``).
+    """
+    calls = [n for n in ops.subgraph_module(node).graph.nodes if n.op.startswith("call_")]
     stream_ops = [n for n in calls if n.op == "call_function" and id(n.target) in ops.STREAM_OP_IDS]
     work = [str(n.target) for n in calls if n not in stream_ops[:1]]
-    if work:
-        return (
-            f"control_deps runs {', '.join(work)}: streampass reads one stream op wrapped in control_deps, "
-            "not other work (run it before the pass that wraps them, e.g. preserve_node_ordering)"
-        )
-    return None
+    if not work:
+        return None
+    return (
+        f"control_deps runs {', '.join(work)}: streampass reads one stream op wrapped in control_deps, "
+        "not other work (run it before the pass that wraps them, e.g. preserve_node_ordering)"
+    )
