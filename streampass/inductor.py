@@ -54,7 +54,7 @@ from streampass.graph_report import GraphReport, nonzero
 from streampass.kept_graphs import KeptGraphs
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
-from streampass.transform import dynamo_indices, snapshot
+from streampass.transform import dynamo_indices, inductor_order, snapshot
 from streampass.transform.lower import RUNTIME_SYNCS, lower_for_cpu, lower_for_gpu
 from streampass.transform.pipeline import run
 from streampass.transform.plan import EVENT_BASE
@@ -142,14 +142,14 @@ class StreamPass(PassBase):
         if (late := wellformed.runtime_index(graph)) is not None:  # nothing here to read or plan
             warnings.warn(StreamPassWarning(f"node {late.name!r}: {wellformed.RUNTIME_INDEX}"), stacklevel=2)
             return
-        gm = graph.owning_module
-        kind = compat.graph_kind(graph, is_inference)
+        gm, kind = graph.owning_module, compat.graph_kind(graph, is_inference)
         backward = kind == "backward"
         device = values.graph_device(graph)
         if not backward and compile_hook.compiling_frame():
             _check_shared_indices(gm)
         offset, indices = dynamo_indices.index_offset(backward)
         with snapshot.all_or_nothing(gm):
+            inductor_order.sort_as_inductor_will(graph)  # a pass before this one may leave it unsorted
             report = self._rewrite(gm, kind, device, offset, indices)
         self.reports.append(report)
         _emit(report)

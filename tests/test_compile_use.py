@@ -318,6 +318,40 @@ def test_a_users_pass_that_wraps_work_in_control_deps_next_to_streams_is_refused
     assert r.streams == [0, 1] and r.waits_added > 0 and sp.verify(r.verified_graph).ok
 
 
+def _order_the_first_add_after_the_mul(graph):
+    """A user's pass that leaves the graph out of order, as torch's own test passes do:
+    ``preserve_node_ordering`` puts the wrapped add where it was, before its new dependency."""
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    first_add = graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor)[0]
+    mul = graph.find_nodes(op="call_function", target=torch.ops.aten.mul.Tensor)[0]
+    preserve_node_ordering(graph, {first_add: OrderedSet([mul])})
+
+
+def _move_the_cat_to_the_top(graph):
+    """A user's pass that moves a node before its inputs (inductor sorts the graph right after the
+    custom post-grad passes, so plain torch compiles it)."""
+    cat = graph.find_nodes(op="call_function", target=torch.ops.aten.cat.default)[0]
+    next(n for n in graph.nodes if n.op != "placeholder").prepend(cat)
+
+
+@pytest.mark.parametrize(
+    "fn, mine", [(cat_of_two, _order_the_first_add_after_the_mul), (cat_of_two_streams, _move_the_cat_to_the_top)]
+)
+def test_a_graph_an_earlier_pass_left_out_of_order_is_sorted_as_inductor_would(fn, mine):
+    """StreamPass sorts it first (torch's ``stable_topological_sort``, what inductor runs right
+    after these passes), then plans it; before, it refused "uses 'mul' before it is defined"."""
+    args = [torch.rand(16, 8), torch.rand(16, 8), torch.rand(32, 8)]
+    p = spi.StreamPass(keep_graphs=True)
+    with inductor_config.patch(post_grad_custom_post_pass=mine), spi.enabled(p):
+        got = torch.compile(fn)(*args)
+    torch.testing.assert_close(got, fn(*args))
+    (r,) = [r for r in p.reports if r.graph == "inference"]
+    if fn is cat_of_two_streams:
+        assert r.streams == [0, 1] and r.waits_added > 0 and sp.verify(r.verified_graph).ok
+
+
 def test_disable_undoes_enable(enabled_for_the_test):
     before = inductor_config.post_grad_custom_post_pass
     p = enabled_for_the_test(spi.StreamPass())

@@ -14,6 +14,9 @@ which inductor turns into a scheduler edge from 2.13 on. A reader so wrapped is 
 own (it is not inlined into a later kernel), which is what holds every later use after the wait
 too. torch 2.12's lowering keeps no edge to a sync at all (it has no output), so no graph edit can
 order a kernel after one there: :func:`one_stream` issues the graph's kernels on one stream instead.
+
+:func:`sort_as_inductor_will` sorts a graph an earlier custom pass left out of order, as inductor
+does right after those passes, before StreamPass reads it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import warnings
 import torch
 import torch.fx
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+from torch._inductor.pattern_matcher import stable_topological_sort
 
 from streampass import ops, values
 from streampass.errors import StreamPassWarning
@@ -33,6 +37,29 @@ Node = torch.fx.Node
 
 #: the syncs later work is held behind: waits, and the host barriers
 WAITS = frozenset({ops.WAIT_EVENT, ops.WAIT_STREAM, ops.SYNC_EVENT, ops.SYNC_STREAM, ops.SYNC_DEVICE})
+
+
+def sort_as_inductor_will(graph: torch.fx.Graph) -> bool:
+    """Sort ``graph`` as inductor does right after its custom post-grad passes (torch's
+    ``stable_topological_sort``) if a node comes before one of its inputs, and say whether it did.
+    A user's pass listed before StreamPass can leave the graph so: torch's
+    ``preserve_node_ordering`` puts the ``control_deps`` where the wrapped node was, which may be
+    before its new dependency (as torch's own ``test/inductor/test_control_deps.py`` passes do).
+
+    >>> g = torch.fx.Graph(); x = g.placeholder("x")
+    >>> late = g.call_function(torch.ops.aten.sin.default, (x,), name="sin"); _ = g.output(late)
+    >>> with g.inserting_before(late):
+    ...     early = g.call_function(torch.ops.aten.cos.default, (late,), name="cos")
+    >>> sort_as_inductor_will(g), [n.name for n in g.nodes], sort_as_inductor_will(g)
+    (True, ['x', 'sin', 'cos', 'output'], False)
+    """
+    seen: set[Node] = set()
+    for node in graph.nodes:
+        if any(i not in seen for i in ops.input_nodes(node)):
+            stable_topological_sort(graph)
+            return True
+        seen.add(node)
+    return False
 
 
 def first_readers(graph: torch.fx.Graph) -> dict[Node, list[Node]]:
