@@ -1940,24 +1940,8 @@ def ctx_event_method_create_stream_outside_of_compile(x, cur_stream, new_stream)
 
 
 def ctx_event_method(x):
-    x = torch.mul(x, 1)
-    x = torch.add(x, 2)
-    cur_stream = current_stream()
-    new_stream = make_stream()
-    x = torch.add(x, 3)
-    event = record_event(cur_stream)
-    event.query()
-    new_stream.wait_event(event)
-    with new_stream:
-        x = torch.add(x, 4)
-    new_event = make_event()
-    new_event.record(new_stream)
-    new_event.wait(cur_stream)
-    x = torch.add(x, 5)
-    new_event.synchronize()  # use new event to sync
-    x = torch.relu(x)
-    x = torch.cos(x)
-    return x
+    """Upstream's body is the one above, with both streams obtained inside the function."""
+    return ctx_event_method_create_stream_outside_of_compile(x, current_stream(), make_stream())
 
 
 # --------------------------------------------------------------------------------------------
@@ -1985,26 +1969,6 @@ def cd_passthrough_creates_ordering_barrier(x):
         e.record()
     e.wait()
     return y * 2
-
-
-def cd_bidirectional_stream_sync_correctness(x):
-    s1 = make_stream()
-    s2 = make_stream()
-    event_s1 = make_event()
-    event_s2 = make_event()
-    with s1:
-        a = x * 2
-        event_s1.record(s1)
-    with s2:
-        event_s1.wait(s2)
-        b = a + 1
-        event_s2.record(s2)
-    with s1:
-        event_s2.wait(s1)
-        c = b * 2
-    s1.synchronize()
-    s2.synchronize()
-    return c
 
 
 def cd_host_to_device_transfer_between_sync_passthroughs(x, w):
@@ -3450,7 +3414,7 @@ PROGRAMS: list[Program] = [
     Program(
         name="cd_bidirectional_stream_sync_correctness",
         upstream=CD + "test_bidirectional_stream_sync_correctness",
-        fn=cd_bidirectional_stream_sync_correctness,
+        fn=bidirectional_stream_sync,  # upstream writes the same program with torch.Stream/Event
         inputs=lambda: (_randn(64),),
         training=False,
         note=(
