@@ -263,15 +263,24 @@ def test_enable_covers_a_compile_whose_options_replace_the_post_grad_pass(enable
     assert [r.graph for r in p.reports] == ["inference"] and _side_ops(p.reports[0]) == ["sin.default"]
 
 
-def _order_cat_after_the_first_add(graph):
+def _users_ordering_pass(wrapped, after):
     """A user's own post-grad pass, as torch's ``test/inductor/test_control_deps.py`` writes them:
-    ``preserve_node_ordering`` wraps the ``cat`` (work, not a stream op) in ``control_deps``."""
+    ``preserve_node_ordering`` wraps the first ``wrapped`` node (work, not a stream op) in
+    ``control_deps``, ordered after the first ``after`` node. It leaves the wrapper where the
+    wrapped node was, which may be before its new dependency (out of topological order)."""
     from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
     from torch.utils._ordered_set import OrderedSet
 
-    cat = graph.find_nodes(op="call_function", target=torch.ops.aten.cat.default)[0]
-    first_add = graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor)[0]
-    preserve_node_ordering(graph, {cat: OrderedSet([first_add])})
+    def mine(graph):
+        node = graph.find_nodes(op="call_function", target=wrapped)[0]
+        dependency = graph.find_nodes(op="call_function", target=after)[0]
+        preserve_node_ordering(graph, {node: OrderedSet([dependency])})
+
+    return mine
+
+
+_order_cat_after_the_first_add = _users_ordering_pass(torch.ops.aten.cat.default, torch.ops.aten.add.Tensor)
+_order_the_first_add_after_the_mul = _users_ordering_pass(torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
 
 
 def cat_of_two(a, b, c):
@@ -316,17 +325,6 @@ def test_a_users_pass_that_wraps_work_in_control_deps_next_to_streams_is_refused
     torch.testing.assert_close(got, cat_of_two_streams(*args))
     (r,) = p.reports
     assert r.streams == [0, 1] and r.waits_added > 0 and sp.verify(r.verified_graph).ok
-
-
-def _order_the_first_add_after_the_mul(graph):
-    """A user's pass that leaves the graph out of order, as torch's own test passes do:
-    ``preserve_node_ordering`` puts the wrapped add where it was, before its new dependency."""
-    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-    from torch.utils._ordered_set import OrderedSet
-
-    first_add = graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor)[0]
-    mul = graph.find_nodes(op="call_function", target=torch.ops.aten.mul.Tensor)[0]
-    preserve_node_ordering(graph, {first_add: OrderedSet([mul])})
 
 
 def _move_the_cat_to_the_top(graph):

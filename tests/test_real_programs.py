@@ -30,7 +30,7 @@ import streampass as sp
 import streampass.inductor as spi
 
 from reference import planned_syncs
-from test_corpus import CURRENT
+from test_corpus import _in_current_stream
 from user_stream_programs import CpuStream, current_stream, record_stream
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
@@ -164,14 +164,7 @@ def _loop(make, inputs, training, passes=None, steps=3):
     torch.manual_seed(0)
     model = make()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    call = model
-    if passes is not None:
-
-        def in_current_stream(*args):
-            with CURRENT:
-                return model(*args)
-
-        call = torch.compile(in_current_stream, fullgraph=True)
+    call = model if passes is None else torch.compile(_in_current_stream(model), fullgraph=True)
     outs = []
     for step in range(steps):
         with torch.set_grad_enabled(training):
@@ -220,13 +213,8 @@ def test_what_an_older_torch_leaves_out_it_cannot_trace_without_streampass_eithe
     assert set(NEWER) <= set(OLDER_TORCH_FAILS) and set(HERE) | set(NEWER) == set(CASES)
     for name in NEWER:
         make, inputs, training, _ = CASES[name]
-        model = make()
-
-        def in_current_stream(*args, model=model):
-            with CURRENT:
-                return model(*args)
-
+        compiled = torch.compile(_in_current_stream(make()), backend="eager", fullgraph=True)
         with pytest.raises(AssertionError, match=OLDER_TORCH_FAILS[name]):
-            out = torch.compile(in_current_stream, backend="eager", fullgraph=True)(*inputs(0))
+            out = compiled(*inputs(0))
             if training:
                 out.sum().backward()
