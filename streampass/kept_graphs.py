@@ -34,8 +34,12 @@ class KeptGraphs:
         )
 
     def keep(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-        """A copy of ``gm`` as it is now, its bodies as they were kept (the live ones if not)."""
+        """A copy of ``gm`` as it is now, its bodies as they were kept (the live ones if not),
+        with streampass's record (the external events ``run`` read it with: ``verify`` of the
+        copy reads them); not the record's table of stream objects, which is the live graph's."""
         kept = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        if record := gm.meta.get("streampass"):
+            kept.meta["streampass"] = dict(copy.deepcopy({k: v for k, v in record.items() if k != "table"}), table=None)
         for body in bodies.bodies(kept):
             earlier = self._by_graph.get(body.module)
             if earlier is not None and "." not in body.name:

@@ -7,6 +7,9 @@ which has no waiter of its own."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 import torch._dynamo
@@ -127,6 +130,9 @@ def test_a_wait_before_the_graphs_own_record_waits_on_the_previous_call():
     (event,) = r.external_events
     assert event in _event_records(r.verified_graph)  # the graph's own record is kept
     assert sp.verify(r.verified_graph, r.external_events).ok
+    assert sp.verify(r.verified_graph).ok  # the kept graph carries the events recorded outside it
+    with pytest.raises(sp.StreamPassError, match=rf"pass external_events=\[{event}\]"):
+        sp.verify(r.verified_graph, ())  # told there are none, it refuses as run does
 
 
 def test_standalone_run_still_asks_for_the_events_recorded_outside():
@@ -142,6 +148,8 @@ def test_standalone_run_still_asks_for_the_events_recorded_outside():
     assert gm.code == code
     assert events_recorded_outside(gm) == (5,)
     assert sp.run(gm, external_events=[5]).ok
+    for g in (gm, copy.deepcopy(gm), pickle.loads(pickle.dumps(gm))):
+        assert sp.verify(g).ok  # run recorded the events it was given on the module
 
 
 S0, S3 = torch.Stream("cpu"), torch.Stream("cpu")
