@@ -54,7 +54,7 @@ from streampass.graph_report import GraphReport, nonzero
 from streampass.kept_graphs import KeptGraphs
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
-from streampass.transform import dynamo_indices, inductor_order, snapshot
+from streampass.transform import dynamo_indices, snapshot, wrapped_work
 from streampass.transform.lower import RUNTIME_SYNCS, lower_for_cpu, lower_for_gpu
 from streampass.transform.pipeline import run
 from streampass.transform.plan import EVENT_BASE
@@ -148,8 +148,8 @@ class StreamPass(PassBase):
         if not backward and compile_hook.compiling_frame():
             _check_shared_indices(gm)
         offset, indices = dynamo_indices.index_offset(backward)
-        with snapshot.all_or_nothing(gm):
-            inductor_order.sort_as_inductor_will(graph)  # a pass before this one may leave it unsorted
+        # A pass before this one may leave the graph unsorted, and work wrapped in control_deps.
+        with snapshot.all_or_nothing(gm), wrapped_work.as_plain_ops(gm):
             report = self._rewrite(gm, kind, device, offset, indices)
         self.reports.append(report)
         _emit(report)

@@ -281,6 +281,7 @@ def _users_ordering_pass(wrapped, after):
 
 _order_cat_after_the_first_add = _users_ordering_pass(torch.ops.aten.cat.default, torch.ops.aten.add.Tensor)
 _order_the_first_add_after_the_mul = _users_ordering_pass(torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
+_order_the_mul_after_the_first_add = _users_ordering_pass(torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor)
 
 
 def cat_of_two(a, b, c):
@@ -307,24 +308,39 @@ def test_a_users_pass_that_wraps_work_in_control_deps_leaves_a_graph_without_str
     assert p.reports and all(r.streams == [0] and r.waits_added == 0 and not r.changed for r in p.reports)
 
 
-def test_a_users_pass_that_wraps_work_in_control_deps_next_to_streams_is_refused_naming_it():
-    """With streams, the wrapped work's reads and writes would go unseen by the plan: refused,
-    naming the node. Given before that pass, StreamPass plans the graph and the pass then wraps
-    work in a graph whose syncs are already in place (docs/inductor.md, "Turn it on")."""
+def _wrapped(graph):
+    """The ``control_deps`` around work in ``graph``: name -> the names of its dependencies."""
+    return {
+        n.name: [d.name for d in n.args[0]]
+        for n in graph.find_nodes(op="call_function", target=ops.CONTROL_DEPS)
+        if not ops.is_sync_subgraph(ops.subgraph_module(n).graph)
+    }
+
+
+@pytest.mark.parametrize("order", ["yours first", "StreamPass first"])
+@pytest.mark.parametrize(
+    "mine, wrapped",
+    [(_order_cat_after_the_first_add, {"cat": ["add"]}), (_order_the_mul_after_the_first_add, {"mul": ["add"]})],
+    ids=["ambient cat", "side stream mul"],
+)
+def test_a_users_pass_that_wraps_work_in_control_deps_next_to_streams_is_planned_and_keeps_its_order(
+    order, mine, wrapped
+):
+    """``enabled()`` runs the user's pass first. StreamPass takes the wrapped work out of its
+    ``control_deps`` while it plans (inside the wrapper its reads and writes were unseen), then
+    wraps it again with the user's dependency; inductor gets the user's order. Before, the
+    compile was refused ("control_deps runs aten.cat.default"). StreamPass first plans a graph
+    the user's pass then wraps work in, as it always could. The ``mul`` runs on the side stream,
+    its dependency on the ambient one: the wrapper orders launches, the plan's syncs the streams."""
     args = [torch.rand(16, 8), torch.rand(16, 8), torch.rand(32, 8)]
-    with (
-        inductor_config.patch(post_grad_custom_post_pass=_order_cat_after_the_first_add),
-        spi.enabled(),
-        pytest.raises(Exception, match=r"node 'cat'.*control_deps runs aten\.cat\.default"),
-    ):
-        torch.compile(cat_of_two_streams)(*args)
-    torch._dynamo.reset()
-    p = spi.StreamPass(keep_graphs=True)
-    passes = compat.post_grad_config([p, _order_cat_after_the_first_add])
-    got = torch.compile(cat_of_two_streams, options={"post_grad_custom_post_pass": passes})(*args)
+    p, seen = spi.StreamPass(keep_graphs=True), []
+    passes = [mine, p] if order == "yours first" else [p, mine]
+    options = {"post_grad_custom_post_pass": compat.post_grad_config([*passes, lambda g: seen.append(_wrapped(g))])}
+    got = torch.compile(cat_of_two_streams, options=options)(*args)
     torch.testing.assert_close(got, cat_of_two_streams(*args))
     (r,) = p.reports
     assert r.streams == [0, 1] and r.waits_added > 0 and sp.verify(r.verified_graph).ok
+    assert seen == [wrapped]  # what inductor gets: the user's wrapper, its dependency kept
 
 
 def _move_the_cat_to_the_top(graph):

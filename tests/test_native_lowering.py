@@ -19,6 +19,7 @@ import warnings
 
 import pytest
 import torch
+from torch._inductor import config as inductor_config
 
 import streampass as sp
 import streampass.inductor as spi
@@ -165,6 +166,19 @@ def test_kernels_stay_on_their_streams_where_inductor_orders_them_after_syncs(fr
     if compat.INDUCTOR_ISSUES_ON_STREAMS:  # 2.11 issues every kernel on the current stream
         assert len(kernel_streams(code)) == (1 if one else 3)
     assert unwaited_reads(code) == []
+
+
+def test_work_a_users_pass_wrapped_in_control_deps_keeps_its_order_and_its_waits(fresh_caches, monkeypatch):
+    """A user's pass before StreamPass wraps the side stream's ``mul`` after the ambient ``add``
+    (torch's ``preserve_node_ordering``). The GPU lowering also wraps that ``mul``, a first reader
+    after a wait: the one wrapper takes both dependencies (before, the compile failed in
+    inductor's sort: the user's dependency pointed at a node the lowering had replaced)."""
+    from test_compile_use import _order_the_mul_after_the_first_add, cat_of_two_streams
+
+    with inductor_config.patch(post_grad_custom_post_pass=_order_the_mul_after_the_first_add):
+        codes = native_codes(monkeypatch, cat_of_two_streams, torch.rand(16, 8), torch.rand(16, 8), torch.rand(32, 8))
+    assert len(codes) == 1 and "wait_event" in codes[0]
+    assert unwaited_reads(codes[0]) == []
 
 
 def _corpus():
