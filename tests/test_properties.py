@@ -173,3 +173,89 @@ def test_run_completes_a_partly_synchronized_graph(gm, drop):
     got = gm(*[x.clone() for x in inputs])
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     assert not sp.run(gm).changed
+
+
+def _wrap_in_order(gm: torch.fx.GraphModule, seed: int) -> dict[str, list[str]]:
+    """What a user's post-grad pass does: some ops wrapped in ``control_deps`` (torch's
+    ``preserve_node_ordering``), each ordered after a few nodes it does not reach (so the graph
+    stays acyclic, though the wrapper may stand before them). Returns name -> dependency names."""
+    import random
+
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    rng = random.Random(seed)
+    work = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    ops_only = [n for n in work if id(n.target) not in ops.STREAM_OP_IDS]  # a fork or join may be a dependency
+    chosen = rng.sample(ops_only, min(len(ops_only), rng.randint(1, 4)))
+    wanted: dict[torch.fx.Node, OrderedSet] = {}
+    later: dict[torch.fx.Node, list[torch.fx.Node]] = {}  # dependency -> the nodes ordered after it
+    for node in chosen:
+        reached = _descendants(node, later)
+        free = [n for n in work if n not in reached and n is not node and n not in chosen]
+        if free:
+            wanted[node] = OrderedSet(rng.sample(free, min(len(free), rng.randint(1, 3))))
+            for dep in wanted[node]:
+                later.setdefault(dep, []).append(node)
+    preserve_node_ordering(gm.graph, wanted)
+    return {n.name: [d.name for d in deps] for n, deps in wanted.items()}
+
+
+def _descendants(node: torch.fx.Node, later: dict) -> set[torch.fx.Node]:
+    """What ``node`` reaches through its users and the orderings chosen so far."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        for user in [*n.users, *later.get(n, ())]:
+            if user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return seen
+
+
+def _wrappers(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
+    return {
+        n.name: [d.name for d in n.args[0]]
+        for n in gm.graph.nodes
+        if n.target is ops.CONTROL_DEPS and not ops.is_sync_subgraph(ops.subgraph_module(n).graph)
+    }
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gm=st.builds(
+        random_stream_graph,
+        n_nodes=st.integers(5, 100),
+        n_streams=st.integers(1, 4),
+        seed=st.integers(0, 10_000),
+        style=st.sampled_from(["annotate", "mixed"]),
+        inplace=st.just(0.0),  # functional, as post-grad graphs are: an order cannot change a result
+        copy_epilogue=st.just(False),
+        multi_output=st.sampled_from([0.0, 0.15]),
+    ),
+    seed=st.integers(0, 10_000),
+)
+def test_work_a_users_pass_wrapped_in_control_deps_is_planned_and_keeps_its_order(gm, seed):
+    """StreamPass's handling of a user's ``preserve_node_ordering`` (``transform/wrapped_work.py``):
+    the wrapped ops are planned as plain ops, wrapped again with the same dependencies, the graph is
+    in topological order, and, read in that order (the wrappers taken out again, in place, for the
+    eager runtime, which reads no wrapper around work), it is race-free and computes what the
+    program did."""
+    from streampass.transform.wrapped_work import as_plain_ops, unwrap
+
+    inputs = random_inputs(gm, seed=seed)
+    expected = run_serial(copy.deepcopy(gm), *[x.clone() for x in inputs])
+    wanted = _wrap_in_order(gm, seed)
+    with as_plain_ops(gm) as taken:
+        assert {n.name for n in taken} == set(wanted)
+        result = sp.run(gm)
+        assert result.ok, result.after
+    gm.graph.lint()
+    names = {n.name for n in gm.graph.nodes}  # the pass reads forks and joins into annotations
+    kept = {n: [d for d in deps if d in names] for n, deps in wanted.items()}
+    assert _wrappers(gm) == {n: deps for n, deps in kept.items() if deps}
+    unwrap(gm)
+    assert sp.verify(gm).ok
+    gm.recompile()
+    got = gm(*[x.clone() for x in inputs])
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))

@@ -90,14 +90,20 @@ def rewrap(gm: torch.fx.GraphModule, taken: dict[Node, tuple[Node, ...]]) -> Non
     (torch's ``preserve_node_ordering``), and sort the graph as inductor will. An op the GPU
     lowering has wrapped meanwhile (a first reader after a wait, ``inductor_order``) keeps that
     wrapper, which takes the dependencies too; ``preserve_node_ordering`` keeps names, and
-    nodes are found again by theirs."""
+    nodes are found again by theirs. A dependency the pass removed (a ``fork`` or ``join``,
+    which it reads into the stream assignment) is dropped: nothing of it is left to order."""
     if not taken:
         return
     named = {n.name: n for n in gm.graph.nodes}
-    now = {n: named[n.name] if n._erased else n for n in {*taken, *(d for deps in taken.values() for d in deps)}}
+
+    def now(n: Node) -> Node | None:
+        return named.get(n.name) if n._erased else n
+
     fresh: dict[Node, OrderedSet[Node]] = {}
     for op, deps in taken.items():
-        node, deps = now[op], OrderedSet(now[d] for d in deps)
+        node, deps = now(op), OrderedSet(d for d in map(now, deps) if d is not None)
+        if node is None or not deps:
+            continue
         if node.target is ops.CONTROL_DEPS:  # wrapped by the lowering
             node.args = (tuple(OrderedSet(node.args[0]) | deps), *node.args[1:])
         else:
