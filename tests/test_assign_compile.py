@@ -10,6 +10,7 @@ import torch
 
 import streampass as sp
 import streampass.inductor as spi
+from streampass import compat
 from streampass.assign.fusion import fusion_groups
 from streampass.assign.in_compile import AUTO_STREAMS
 from streampass.errors import StreamPassError
@@ -205,3 +206,31 @@ def test_auto_training_loop_cold_then_warm(tmp_path):
     assert [r[0] for r in cold["reports"]] == ["forward", "backward"] and all(r[3] for r in cold["reports"])
     assert all(r[4]["side_streams"] >= 1 and {1, 2} <= set(r[5]) for r in cold["reports"])  # the model's own kept
     assert warm["aot_hit"] == 1 and warm["reports"] == [] and warm["syncs"] == cold["syncs"] > 0
+
+
+def test_auto_streams_plan_around_work_a_users_pass_wrapped_in_control_deps():
+    """A user's post-grad pass before StreamPass orders the first tower's first ``addmm`` after the
+    last tower's ``relu`` (torch's ``preserve_node_ordering``): the assignment and the plan see the
+    op, not its wrapper, and inductor gets the wrapper back (before, the added streams made the
+    compile fail, "control_deps runs aten.addmm.default")."""
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    from test_compile_use import _wrapped
+
+    def mine(graph):
+        first = graph.find_nodes(op="call_function", target=torch.ops.aten.addmm.default)[0]
+        last = graph.find_nodes(op="call_function", target=torch.ops.aten.relu.default)[-1]
+        preserve_node_ordering(graph, {first: OrderedSet([last])})
+
+    torch.manual_seed(0)
+    model, x = Towers(), torch.randn(8, 32)
+    p, seen = spi.StreamPass(keep_graphs=True, assign="auto", assign_cost=BIG), []
+    passes = compat.post_grad_config([mine, p, lambda g: seen.append(_wrapped(g))])
+    with torch.no_grad():
+        got = torch.compile(model, options={"post_grad_custom_post_pass": passes})(x)
+        torch.testing.assert_close(got, model(x))
+    (r,) = p.reports
+    assert r.assigned["side_streams"] >= 1 and sp.verify(r.verified_graph).ok, r.line()
+    ((name, deps),) = seen[0].items()
+    assert name.startswith("addmm") and deps == ["relu_2"], seen
