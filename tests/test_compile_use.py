@@ -343,6 +343,62 @@ def test_a_users_pass_that_wraps_work_in_control_deps_next_to_streams_is_planned
     assert seen == [wrapped]  # what inductor gets: the user's wrapper, its dependency kept
 
 
+@torch.library.custom_op("streampass_tests::add_one_", mutates_args=("x",))
+def add_one_(x: torch.Tensor) -> None:
+    x.add_(1)
+
+
+@add_one_.register_fake
+def _(x):
+    return None
+
+
+def mutating_op_next_to_a_side_stream(x, y):
+    t = x.clone()
+    with torch.Stream("cpu"):
+        z = y * 2
+    add_one_(t)  # auto_functionalized_v2 in the graph inductor's passes get
+    return t + z, z.sin()
+
+
+def mutating_op_alone(x, y):
+    t = x.clone()
+    z = y * 2
+    add_one_(t)
+    return t + z, z.sin()
+
+
+def _order_the_mutating_op_after_the_mul(graph):
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    (op,) = [n for n in graph.nodes if n.op == "call_function" and "auto_functionalized" in str(n.target)]
+    preserve_node_ordering(
+        graph, {op: OrderedSet(graph.find_nodes(op="call_function", target=torch.ops.aten.mul.Tensor))}
+    )
+
+
+def test_a_mutating_custom_op_a_users_pass_wrapped_in_control_deps_is_planned_with_its_writes():
+    """The wrapped op is a higher-order op with keyword arguments that writes a buffer
+    (``auto_functionalized_v2`` of a custom op): taken out of its wrapper, its writes are in the plan.
+    Before torch 2.13 inductor cannot lower such a wrapper, without streams or streampass either."""
+    x, y = torch.randn(8), torch.randn(8)
+    p, seen = spi.StreamPass(keep_graphs=True), []
+    passes = [_order_the_mutating_op_after_the_mul, p, lambda g: seen.append(_wrapped(g))]
+    if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13):
+        plain = {"post_grad_custom_post_pass": _order_the_mutating_op_after_the_mul}
+        with pytest.raises(Exception, match="auto_functionalized_v2 is not an OpOverload"):
+            torch.compile(mutating_op_alone, options=plain)(x, y)
+        return
+    got = torch.compile(
+        mutating_op_next_to_a_side_stream, options={"post_grad_custom_post_pass": compat.post_grad_config(passes)}
+    )(x, y)
+    torch.testing.assert_close(got, mutating_op_next_to_a_side_stream(x, y))
+    (r,) = p.reports
+    assert r.streams == [0, 1] and r.waits_added > 0 and sp.verify(r.verified_graph).ok
+    assert seen == [{"auto_functionalized_v2": ["mul"]}]
+
+
 def _move_the_cat_to_the_top(graph):
     """A user's pass that moves a node before its inputs (inductor sorts the graph right after the
     custom post-grad passes, so plain torch compiles it)."""
