@@ -78,3 +78,13 @@ def ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
                 seen.add(i)
                 todo.append(i)
     return seen
+
+
+def wrapped_work(graph: torch.fx.Graph) -> dict[str, list[str]]:
+    """The ``control_deps`` around work (not a stream op) in ``graph``, as a user's
+    ``preserve_node_ordering`` makes them: name -> the names of its dependencies."""
+    return {
+        n.name: [d.name for d in n.args[0]]
+        for n in graph.find_nodes(op="call_function", target=ops.CONTROL_DEPS)
+        if not ops.is_sync_subgraph(ops.subgraph_module(n).graph)
+    }

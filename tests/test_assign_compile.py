@@ -16,6 +16,7 @@ from streampass.assign.in_compile import AUTO_STREAMS
 from streampass.errors import StreamPassError
 from streampass.sim.cost import CostModel
 
+from graphs import wrapped_work
 from test_compile_use import _job
 from training_job import aten_100us
 
@@ -216,8 +217,6 @@ def test_auto_streams_plan_around_work_a_users_pass_wrapped_in_control_deps():
     from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
     from torch.utils._ordered_set import OrderedSet
 
-    from test_compile_use import _wrapped
-
     def mine(graph):
         first = graph.find_nodes(op="call_function", target=torch.ops.aten.addmm.default)[0]
         last = graph.find_nodes(op="call_function", target=torch.ops.aten.relu.default)[-1]
@@ -226,7 +225,7 @@ def test_auto_streams_plan_around_work_a_users_pass_wrapped_in_control_deps():
     torch.manual_seed(0)
     model, x = Towers(), torch.randn(8, 32)
     p, seen = spi.StreamPass(keep_graphs=True, assign="auto", assign_cost=BIG), []
-    passes = compat.post_grad_config([mine, p, lambda g: seen.append(_wrapped(g))])
+    passes = compat.post_grad_config([mine, p, lambda g: seen.append(wrapped_work(g))])
     with torch.no_grad():
         got = torch.compile(model, options={"post_grad_custom_post_pass": passes})(x)
         torch.testing.assert_close(got, model(x))

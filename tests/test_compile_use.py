@@ -17,7 +17,7 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass import compat, ops
 
-from graphs import ancestors
+from graphs import ancestors, wrapped_work
 from reference import compile_and_compare, job, planned_syncs
 
 aten = torch.ops.aten
@@ -308,15 +308,6 @@ def test_a_users_pass_that_wraps_work_in_control_deps_leaves_a_graph_without_str
     assert p.reports and all(r.streams == [0] and r.waits_added == 0 and not r.changed for r in p.reports)
 
 
-def _wrapped(graph):
-    """The ``control_deps`` around work in ``graph``: name -> the names of its dependencies."""
-    return {
-        n.name: [d.name for d in n.args[0]]
-        for n in graph.find_nodes(op="call_function", target=ops.CONTROL_DEPS)
-        if not ops.is_sync_subgraph(ops.subgraph_module(n).graph)
-    }
-
-
 @pytest.mark.parametrize("order", ["yours first", "StreamPass first"])
 @pytest.mark.parametrize(
     "mine, wrapped",
@@ -335,7 +326,7 @@ def test_a_users_pass_that_wraps_work_in_control_deps_next_to_streams_is_planned
     args = [torch.rand(16, 8), torch.rand(16, 8), torch.rand(32, 8)]
     p, seen = spi.StreamPass(keep_graphs=True), []
     passes = [mine, p] if order == "yours first" else [p, mine]
-    options = {"post_grad_custom_post_pass": compat.post_grad_config([*passes, lambda g: seen.append(_wrapped(g))])}
+    options = {"post_grad_custom_post_pass": compat.post_grad_config([*passes, lambda g: seen.append(wrapped_work(g))])}
     got = torch.compile(cat_of_two_streams, options=options)(*args)
     torch.testing.assert_close(got, cat_of_two_streams(*args))
     (r,) = p.reports
@@ -384,7 +375,7 @@ def test_a_mutating_custom_op_a_users_pass_wrapped_in_control_deps_is_planned_wi
     Before torch 2.13 inductor cannot lower such a wrapper, without streams or streampass either."""
     x, y = torch.randn(8), torch.randn(8)
     p, seen = spi.StreamPass(keep_graphs=True), []
-    passes = [_order_the_mutating_op_after_the_mul, p, lambda g: seen.append(_wrapped(g))]
+    passes = [_order_the_mutating_op_after_the_mul, p, lambda g: seen.append(wrapped_work(g))]
     if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13):
         plain = {"post_grad_custom_post_pass": _order_the_mutating_op_after_the_mul}
         with pytest.raises(Exception, match="auto_functionalized_v2 is not an OpOverload"):

@@ -17,6 +17,7 @@ from streampass.analysis.requirements import requirements
 from streampass.runtime import run_serial
 from streampass.synthetic import random_inputs, random_stream_graph
 
+from graphs import wrapped_work
 from reorder import random_topological_copy
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -213,14 +214,6 @@ def _descendants(node: torch.fx.Node, later: dict) -> set[torch.fx.Node]:
     return seen
 
 
-def _wrappers(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
-    return {
-        n.name: [d.name for d in n.args[0]]
-        for n in gm.graph.nodes
-        if n.target is ops.CONTROL_DEPS and not ops.is_sync_subgraph(ops.subgraph_module(n).graph)
-    }
-
-
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     gm=st.builds(
@@ -253,7 +246,7 @@ def test_work_a_users_pass_wrapped_in_control_deps_is_planned_and_keeps_its_orde
     gm.graph.lint()
     names = {n.name for n in gm.graph.nodes}  # the pass reads forks and joins into annotations
     kept = {n: [d for d in deps if d in names] for n, deps in wanted.items()}
-    assert _wrappers(gm) == {n: deps for n, deps in kept.items() if deps}
+    assert wrapped_work(gm.graph) == {n: deps for n, deps in kept.items() if deps}
     unwrap(gm)
     assert sp.verify(gm).ok
     gm.recompile()
