@@ -23,6 +23,9 @@ from streampass import ops
 from streampass.analysis.reading import events_recorded_outside, read_streams
 from streampass.runtime import run_serial
 
+#: the running torch as (major, minor)
+TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+
 
 def planned_syncs(gm: torch.fx.GraphModule) -> int:
     """How many sync ops a graph holds after planning (the user's, torch's and streampass's); a

@@ -17,7 +17,7 @@ from streampass.errors import StreamPassError
 from streampass.sim.cost import CostModel
 
 from graphs import wrapped_work
-from test_compile_use import _job
+from test_compile_use import _job, _users_ordering_pass
 from training_job import aten_100us
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
@@ -214,14 +214,7 @@ def test_auto_streams_plan_around_work_a_users_pass_wrapped_in_control_deps():
     last tower's ``relu`` (torch's ``preserve_node_ordering``): the assignment and the plan see the
     op, not its wrapper, and inductor gets the wrapper back (before, the added streams made the
     compile fail, "control_deps runs aten.addmm.default")."""
-    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-    from torch.utils._ordered_set import OrderedSet
-
-    def mine(graph):
-        first = graph.find_nodes(op="call_function", target=torch.ops.aten.addmm.default)[0]
-        last = graph.find_nodes(op="call_function", target=torch.ops.aten.relu.default)[-1]
-        preserve_node_ordering(graph, {first: OrderedSet([last])})
-
+    mine = _users_ordering_pass(torch.ops.aten.addmm.default, torch.ops.aten.relu.default, nth_after=-1)
     torch.manual_seed(0)
     model, x = Towers(), torch.randn(8, 32)
     p, seen = spi.StreamPass(keep_graphs=True, assign="auto", assign_cost=BIG), []

@@ -18,7 +18,7 @@ import streampass.inductor as spi
 from streampass import compat, ops
 
 from graphs import ancestors, wrapped_work
-from reference import compile_and_compare, job, planned_syncs
+from reference import TORCH, compile_and_compare, job, planned_syncs
 
 aten = torch.ops.aten
 
@@ -263,17 +263,17 @@ def test_enable_covers_a_compile_whose_options_replace_the_post_grad_pass(enable
     assert [r.graph for r in p.reports] == ["inference"] and _side_ops(p.reports[0]) == ["sin.default"]
 
 
-def _users_ordering_pass(wrapped, after):
+def _users_ordering_pass(wrapped, after, nth_after=0):
     """A user's own post-grad pass, as torch's ``test/inductor/test_control_deps.py`` writes them:
     ``preserve_node_ordering`` wraps the first ``wrapped`` node (work, not a stream op) in
-    ``control_deps``, ordered after the first ``after`` node. It leaves the wrapper where the
-    wrapped node was, which may be before its new dependency (out of topological order)."""
+    ``control_deps``, ordered after the ``nth_after`` ``after`` node. It leaves the wrapper where
+    the wrapped node was, which may be before its new dependency (out of topological order)."""
     from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
     from torch.utils._ordered_set import OrderedSet
 
     def mine(graph):
         node = graph.find_nodes(op="call_function", target=wrapped)[0]
-        dependency = graph.find_nodes(op="call_function", target=after)[0]
+        dependency = graph.find_nodes(op="call_function", target=after)[nth_after]
         preserve_node_ordering(graph, {node: OrderedSet([dependency])})
 
     return mine
@@ -359,14 +359,9 @@ def mutating_op_alone(x, y):
     return t + z, z.sin()
 
 
-def _order_the_mutating_op_after_the_mul(graph):
-    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-    from torch.utils._ordered_set import OrderedSet
-
-    (op,) = [n for n in graph.nodes if n.op == "call_function" and "auto_functionalized" in str(n.target)]
-    preserve_node_ordering(
-        graph, {op: OrderedSet(graph.find_nodes(op="call_function", target=torch.ops.aten.mul.Tensor))}
-    )
+_order_the_mutating_op_after_the_mul = _users_ordering_pass(
+    torch.ops.higher_order.auto_functionalized_v2, torch.ops.aten.mul.Tensor
+)
 
 
 def test_a_mutating_custom_op_a_users_pass_wrapped_in_control_deps_is_planned_with_its_writes():
@@ -376,7 +371,7 @@ def test_a_mutating_custom_op_a_users_pass_wrapped_in_control_deps_is_planned_wi
     x, y = torch.randn(8), torch.randn(8)
     p, seen = spi.StreamPass(keep_graphs=True), []
     passes = [_order_the_mutating_op_after_the_mul, p, lambda g: seen.append(wrapped_work(g))]
-    if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13):
+    if TORCH < (2, 13):
         plain = {"post_grad_custom_post_pass": _order_the_mutating_op_after_the_mul}
         with pytest.raises(Exception, match="auto_functionalized_v2 is not an OpOverload"):
             torch.compile(mutating_op_alone, options=plain)(x, y)

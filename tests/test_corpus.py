@@ -33,7 +33,7 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass.analysis.reading import events_recorded_outside
 
-from reference import job, planned_syncs
+from reference import TORCH, job, planned_syncs
 from user_stream_programs import DEVICE, ON_CPU, PROGRAMS, CpuStream, Program
 
 CURRENT = CpuStream("cpu") if ON_CPU else None  # the CPU stand-in for CUDA's current stream (module doc)
@@ -112,7 +112,6 @@ def _counting_syncs():
     ran.append(sum(1 for e in prof.events() if any(e.name.startswith(c) for c in CUDA_SYNC_CALLS)))
 
 
-TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
 #: the programs this torch runs as upstream expects, and those only a newer one does (Program.since)
 HERE = [p for p in PROGRAMS if p.since <= TORCH]
 NEWER = [p for p in PROGRAMS if p.since > TORCH]

@@ -33,13 +33,11 @@ from torch._dynamo.utils import counters
 import streampass as sp
 import streampass.inductor as spi
 
-from reference import planned_syncs
+from reference import TORCH, planned_syncs
 from test_corpus import _in_current_stream
 from user_stream_programs import CpuStream, current_stream, make_event, record_stream
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
-
-TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def _mlp(width: int, hidden: int) -> nn.Module:
@@ -191,20 +189,13 @@ class PrefetchingStep(nn.Module):
         return out, nxt
 
 
-def _moe_inputs(step):
-    return (torch.randn(8, 16, generator=torch.Generator().manual_seed(100 + step)),)
+def _one_batch(seed: int):
+    """Inputs of step k: one batch of 8 x 16, seeded ``seed + k``."""
+    return lambda step: (torch.randn(8, 16, generator=torch.Generator().manual_seed(seed + step)),)
 
 
 def _decode_inputs(step):
     return (torch.randn(4, 16, generator=torch.Generator().manual_seed(200 + step)), torch.arange(4) + 1 + 4 * step)
-
-
-def _offload_inputs(step):
-    return (torch.randn(8, 16, generator=torch.Generator().manual_seed(300 + step)),)
-
-
-def _weights_inputs(step):
-    return (torch.randn(8, 16, generator=torch.Generator().manual_seed(400 + step)),)
 
 
 def _prefetch_inputs(step):
@@ -214,10 +205,10 @@ def _prefetch_inputs(step):
 
 #: name -> (model, inputs of step k, training, the oldest torch whose dynamo traces it)
 CASES = {
-    "shared_experts_moe": (SharedExpertsMoE, _moe_inputs, True, (2, 11)),
+    "shared_experts_moe": (SharedExpertsMoE, _one_batch(100), True, (2, 11)),
     "kv_cache_decode": (KVCacheAttention, _decode_inputs, False, (2, 11)),
-    "offloaded_checkpoint": (OffloadedBlocks, _offload_inputs, True, (2, 12)),
-    "streamed_weights": (StreamedWeights, _weights_inputs, False, (2, 11)),
+    "offloaded_checkpoint": (OffloadedBlocks, _one_batch(300), True, (2, 12)),
+    "streamed_weights": (StreamedWeights, _one_batch(400), False, (2, 11)),
     "prefetching_step": (PrefetchingStep, _prefetch_inputs, True, (2, 11)),
 }
 #: what an older torch's dynamo says, with any backend, of what it cannot trace
