@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -200,7 +201,7 @@ def test_a_cpu_sync_takes_a_tensor_no_kernel_reads():
 
     eager, loss = forward(index_put_on_two_streams)
     loss.backward()
-    p = spi.StreamPass(keep_graphs=True)
+    p = sp.StreamPass(keep_graphs=True)
     with spi.enabled(p):
         compiled, loss = forward(torch.compile(index_put_on_two_streams))
     loss.backward()  # after the block, as a training loop does
@@ -301,7 +302,7 @@ def test_a_users_pass_that_wraps_work_in_control_deps_leaves_a_graph_without_str
     plan, so work that pass wrapped in ``control_deps`` is kept as it is; before, every such
     compile failed ("control_deps runs aten.cat.default")."""
     args = [torch.rand(16, 8), torch.rand(16, 8), torch.rand(32, 8)]
-    p = spi.StreamPass(keep_graphs=True)
+    p = sp.StreamPass(keep_graphs=True)
     with inductor_config.patch(post_grad_custom_post_pass=_order_cat_after_the_first_add), spi.enabled(p):
         got = torch.compile(cat_of_two)(*args)
     torch.testing.assert_close(got, cat_of_two(*args))
@@ -399,7 +400,7 @@ def test_a_graph_an_earlier_pass_left_out_of_order_is_sorted_as_inductor_would(f
     """StreamPass sorts it first (torch's ``stable_topological_sort``, what inductor runs right
     after these passes), then plans it; before, it refused "uses 'mul' before it is defined"."""
     args = [torch.rand(16, 8), torch.rand(16, 8), torch.rand(32, 8)]
-    p = spi.StreamPass(keep_graphs=True)
+    p = sp.StreamPass(keep_graphs=True)
     with inductor_config.patch(post_grad_custom_post_pass=mine), spi.enabled(p):
         got = torch.compile(fn)(*args)
     torch.testing.assert_close(got, fn(*args))
@@ -707,6 +708,87 @@ def test_a_language_model_training_loop():
     assert all(r.streams == [0, 1, 2] and sp.verify(r.verified_graph).ok for r in p.reports)
 
 
+
+class NormedBranches(torch.nn.Module):
+    """Two branches, one on a side stream, into a BatchNorm whose running statistics the
+    forward writes: a loss that depends on every parameter, so a lost update shows."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.a, self.b, self.bn = torch.nn.Linear(d, d), torch.nn.Linear(d, d), torch.nn.BatchNorm1d(d)
+
+    def forward(self, x):
+        with sp.stream(1):
+            left = torch.relu(self.a(x))
+        right = torch.sigmoid(self.b(x))
+        return self.bn(left * right).pow(2).mean()
+
+
+@pytest.mark.parametrize("way", ["accumulate", "autocast", "compiled_optimizer"])
+def test_other_ways_to_write_a_training_step(way):
+    """Gradient accumulation (two micro-batches, each backward right after its forward, one
+    optimizer step); a bf16 ``torch.autocast`` forward; ``torch.compile(opt.step)`` compiled under
+    the block too. Three steps; parameters and BatchNorm statistics equal eager's, the stream
+    graphs verify and the optimizer's graph, which has no streams, goes through untouched."""
+    torch.manual_seed(0)
+    model, ref = NormedBranches(), NormedBranches()
+    ref.load_state_dict(model.state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
+    compiled, micro = torch.compile(model), 2 if way == "accumulate" else 1
+    opt_step = torch.compile(opts[0].step) if way == "compiled_optimizer" else opts[0].step
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if way == "autocast" else contextlib.nullcontext()
+    p = sp.StreamPass(keep_graphs=True)
+    for _ in range(3):
+        xs = [torch.randn(8, 16) for _ in range(micro)]
+        with spi.enabled(p):
+            for x in xs:
+                with cast:
+                    loss = compiled(x)
+                loss.backward()
+            opt_step()
+        for x in xs:
+            with copy.deepcopy(cast):
+                want = ref(x)
+            want.backward()
+        opts[1].step()
+        for opt in opts:
+            opt.zero_grad()
+    tol = {"rtol": 2e-2, "atol": 1e-3} if way == "autocast" else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(model.state_dict(), ref.state_dict(), **tol)
+    streamed = [r for r in p.reports if r.streams != [0]]
+    assert [r.graph for r in streamed] == ["forward", "backward"] and all(sp.verify(r.verified_graph).ok for r in streamed)
+    untouched = [r for r in p.reports if r.streams == [0]]
+    assert len(untouched) == (way == "compiled_optimizer") and not any(r.changed for r in untouched)
+
+class ConvAndLinearBranches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.conv = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm1d(16)
+
+    def forward(self, x, img):
+        with sp.stream(1):
+            left = torch.relu(self.a(x))
+            pooled = self.conv(img).mean()
+        return self.bn(left * torch.sigmoid(self.b(x))) + pooled
+
+
+def test_frozen_inference_reads_its_frozen_weights_as_inputs(monkeypatch):
+    """``freezing=True`` (inductor's CPU inference setting) turns the parameters into constants,
+    ``get_attr`` nodes the side stream's packed linear and convolution read: the graph verifies,
+    and the result equals eager."""
+    monkeypatch.setattr(inductor_config, "freezing", True)
+    model, x, img = ConvAndLinearBranches().eval(), torch.randn(8, 16), torch.randn(2, 3, 8, 8)
+    with torch.no_grad(), spi.enabled(sp.StreamPass(keep_graphs=True)) as p:
+        torch.testing.assert_close(torch.compile(model)(x, img), model(x, img))
+    (report,) = p.reports
+    g = report.verified_graph.graph
+    frozen = {n for n in g.find_nodes(op="get_attr") if not n.name.startswith("streampass")}
+    on_side = [n for n in g.nodes if n.meta.get("custom", {}).get("stream") == 1 and frozen & set(n.all_input_nodes)]
+    assert on_side, "no side-stream op reads a frozen weight: this test no longer tests freezing"
+    assert report.streams == [0, 1] and sp.verify(report.verified_graph).ok
+
+
 def f_sin_on_side(x):
     with sp.stream(1):
         a = x.sin()
@@ -733,7 +815,7 @@ def test_where_the_streams_are_is_part_of_torchs_cache_keys(training):
     from torch._dynamo.utils import counters
 
     x = torch.randn(8, requires_grad=training)
-    p = spi.StreamPass(keep_graphs=True)
+    p = sp.StreamPass(keep_graphs=True)
     with spi.enabled(p):
         for fn in (f_sin_on_side, f_cos_on_side):
             out = torch.compile(fn)(x)
@@ -755,7 +837,7 @@ def test_where_the_streams_are_is_part_of_torchs_cache_keys(training):
 
 
 def test_a_pass_given_as_compile_options_keys_the_cache_too():
-    p = spi.StreamPass(keep_graphs=True)
+    p = sp.StreamPass(keep_graphs=True)
     for fn in (f_sin_on_side, f_cos_on_side):
         torch.compile(fn, options={"post_grad_custom_post_pass": p})(torch.randn(8))
     assert [_side_ops(r) for r in p.reports] == [["sin.default"], ["cos.default"]]
@@ -823,7 +905,7 @@ def test_exported_program_through_aot_inductor_keeps_its_streams(tmp_path):
     program's side stream, and the packaged code runs the syncs it planned."""
     model, x = Block().eval(), torch.randn(4, 16)
     ep = torch.export.export(model, (x,))
-    p = spi.StreamPass(keep_graphs=True)
+    p = sp.StreamPass(keep_graphs=True)
     with spi.enabled(p):
         path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))
     (r,) = p.reports
@@ -1094,7 +1176,7 @@ def test_compiled_autograd_runs_the_backward_right_on_one_stream():
     args_e = [torch.randn(8, 8, requires_grad=True) for _ in range(3)]
     args_c = [t.detach().clone().requires_grad_() for t in args_e]
     s_branches(*args_e).sum().backward()
-    p = spi.StreamPass(keep_graphs=True)
+    p = sp.StreamPass(keep_graphs=True)
     with spi.enabled(p):
         out = torch.compile(s_branches)(*args_c)
         with torch._dynamo.compiled_autograd._enable(torch.compile):
