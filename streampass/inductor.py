@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from streampass import compat, compile_hook, ops, runtime, values
+from streampass import collective_buckets, compat, compile_hook, ops, runtime, values
 from streampass.analysis import bodies, wellformed
 from streampass.analysis.reading import events_recorded_outside, read_streams
 from streampass.aot_guard import aot_guard_off, aot_guard_on, cpu_safe_aot
@@ -142,9 +142,8 @@ class StreamPass(PassBase):
         if (late := wellformed.runtime_index(graph)) is not None:  # nothing here to read or plan
             warnings.warn(StreamPassWarning(f"node {late.name!r}: {wellformed.RUNTIME_INDEX}"), stacklevel=2)
             return
-        gm, kind = graph.owning_module, compat.graph_kind(graph, is_inference)
+        gm, kind, device = graph.owning_module, compat.graph_kind(graph, is_inference), values.graph_device(graph)
         backward = kind == "backward"
-        device = values.graph_device(graph)
         if not backward and compile_hook.compiling_frame():
             _check_shared_indices(gm)
         offset, indices = dynamo_indices.index_offset(backward)
@@ -177,15 +176,13 @@ class StreamPass(PassBase):
                 kind, str(device), [AMBIENT], 0, 0, 0, {}, {}, lowered, "cpu" if lowered else "none",
                 indices=indices, assigned=assigned,
             )  # fmt: skip
+        if _gpu(device):  # on CPU streams are one thread: nothing a merge moves can race
+            collective_buckets.refuse_across_streams(a)
         # inductor hands each body of a higher-order op to this pass on its own: not planned here
         result = run(gm, external, bind_runtime=False, recompile=False, assignment=a, with_bodies=False)
         kept = self._kept.keep(gm) if self.keep_graphs else None
-        if not _gpu(device):
-            lowering = "cpu"
-            lower_for_cpu(gm, result.assignment)
-        else:
-            lowering = "native"
-            lower_for_gpu(gm, result.assignment)
+        lowering = "native" if _gpu(device) else "cpu"
+        (lower_for_gpu if lowering == "native" else lower_for_cpu)(gm, result.assignment)
         return GraphReport(
             kind, str(device), result.after.streams, cross, result.records_added, result.waits_added,
             nonzero(result.before.by_kind()), nonzero(result.after.by_kind()), result.changed or offset != 0,

@@ -708,7 +708,6 @@ def test_a_language_model_training_loop():
     assert all(r.streams == [0, 1, 2] and sp.verify(r.verified_graph).ok for r in p.reports)
 
 
-
 class NormedBranches(torch.nn.Module):
     """Two branches, one on a side stream, into a BatchNorm whose running statistics the
     forward writes: a loss that depends on every parameter, so a lost update shows."""
@@ -756,9 +755,12 @@ def test_other_ways_to_write_a_training_step(way):
     tol = {"rtol": 2e-2, "atol": 1e-3} if way == "autocast" else {"rtol": 1e-5, "atol": 1e-6}
     torch.testing.assert_close(model.state_dict(), ref.state_dict(), **tol)
     streamed = [r for r in p.reports if r.streams != [0]]
-    assert [r.graph for r in streamed] == ["forward", "backward"] and all(sp.verify(r.verified_graph).ok for r in streamed)
+    assert [r.graph for r in streamed] == ["forward", "backward"] and all(
+        sp.verify(r.verified_graph).ok for r in streamed
+    )
     untouched = [r for r in p.reports if r.streams == [0]]
     assert len(untouched) == (way == "compiled_optimizer") and not any(r.changed for r in untouched)
+
 
 class ConvAndLinearBranches(torch.nn.Module):
     def __init__(self):
@@ -773,11 +775,11 @@ class ConvAndLinearBranches(torch.nn.Module):
         return self.bn(left * torch.sigmoid(self.b(x))) + pooled
 
 
-def test_frozen_inference_reads_its_frozen_weights_as_inputs(monkeypatch):
+@inductor_config.patch(freezing=True)
+def test_frozen_inference_reads_its_frozen_weights_as_inputs():
     """``freezing=True`` (inductor's CPU inference setting) turns the parameters into constants,
     ``get_attr`` nodes the side stream's packed linear and convolution read: the graph verifies,
     and the result equals eager."""
-    monkeypatch.setattr(inductor_config, "freezing", True)
     model, x, img = ConvAndLinearBranches().eval(), torch.randn(8, 16), torch.randn(2, 3, 8, 8)
     with torch.no_grad(), spi.enabled(sp.StreamPass(keep_graphs=True)) as p:
         torch.testing.assert_close(torch.compile(model)(x, img), model(x, img))

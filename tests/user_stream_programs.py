@@ -45,7 +45,9 @@ test/inductor/test_user_streams.py::
   test_exit_cuda_stream_context_codegen  - codegen those line objects into an IndentedBuffer
 Older stored revisions also had multi-GPU tests (test_get_current_stream_return_different_device,
 test_get_current_stream_return_no_index, test_new_event_api) and inductor unit tests of
-CudaEventFactory / CUDAStreamPool / config; they are not in the newest revisions and not here.
+CudaEventFactory / CUDAStreamPool / config and of its event codegen lines (test_event_record_codegen,
+test_event_wait_codegen, test_stream_context_with_event_sync); none compiles a user program, they are
+not in the newest revisions and not here.
 
 CPU translation (what works on CPU in torch 2.13.0, checked eagerly)
 -------------------------------------------------------------------

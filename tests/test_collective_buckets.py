@@ -1,0 +1,148 @@
+"""Inductor's collective bucketing, which runs after StreamPass: merged across streams, it would
+race on a GPU, so StreamPass refuses it there by name (streampass/collective_buckets.py).
+
+Collectives run on a one-rank gloo group; the GPU lowering is compiled on CPU and its generated
+code read by tests/test_native_lowering.py's race detector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+from test_native_lowering import native_codes, unwaited_reads
+
+import streampass as sp
+import streampass.inductor as spi
+from streampass import collective_buckets, compat
+
+pytestmark = [
+    pytest.mark.usefixtures("fresh_caches", "one_rank"),
+    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo"),
+]
+
+
+@pytest.fixture
+def one_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _all_reduce(t):
+    return fc.all_reduce(t, "sum", dist.group.WORLD)
+
+
+def _reduce_scatter(t):
+    return fc.reduce_scatter_tensor(t, "sum", 0, dist.group.WORLD)
+
+
+def _all_gather(t):
+    return fc.all_gather_tensor(t, 0, dist.group.WORLD)
+
+
+#: the bucketing setting -> the collective it merges
+COLLECTIVES = {
+    "bucket_all_reduces_fx": _all_reduce,
+    "bucket_reduce_scatters_fx": _reduce_scatter,
+    "bucket_all_gathers_fx": _all_gather,
+}
+
+
+def two_streams(collective):
+    """One collective of gradients on the ambient stream, one of the side stream's work on it:
+    the overlap a data-parallel step wants."""
+
+    def f(x, w, v):
+        g = x @ w
+        a = collective(g)
+        with sp.stream(1):
+            r = collective(v.sin()) * 2
+        return r + torch.relu(a)
+
+    return f
+
+
+def one_side_stream(collective):
+    def f(x, w, v):
+        g = x @ w
+        with sp.stream(1):
+            a = collective(g)
+            r = collective(v.sin()) * 2
+        return r + torch.relu(a)
+
+    return f
+
+
+def _inputs():
+    return torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8)
+
+
+@pytest.fixture(params=sorted(COLLECTIVES))
+def setting(request):
+    with inductor_config.patch({request.param: "all"}):
+        yield request.param
+
+
+#: torch 2.11 and 2.12 issue every kernel of a GPU graph on one stream: a merge moves nothing across
+ON_STREAMS = compat.INDUCTOR_ISSUES_ON_STREAMS and compat.LOWERING_ORDERS_AFTER_SYNCS
+
+
+def test_a_merge_across_streams_would_read_without_the_plans_waits(setting, monkeypatch):
+    """Why StreamPass refuses: without the refusal, the merged collective's copies run on one
+    stream and read what the other stream's kernels wrote, unwaited."""
+    monkeypatch.setattr(collective_buckets, "refuse_across_streams", lambda a: None)
+    codes = native_codes(monkeypatch, two_streams(COLLECTIVES[setting]), *_inputs())
+    assert len(codes) == 1 and bool(unwaited_reads(codes[0])) == ON_STREAMS
+
+
+def test_a_merge_across_streams_is_refused_on_the_gpu_naming_the_collectives(setting, monkeypatch):
+    if not ON_STREAMS:
+        codes = native_codes(monkeypatch, two_streams(COLLECTIVES[setting]), *_inputs())
+        assert len(codes) == 1 and unwaited_reads(codes[0]) == []
+        return
+    monkeypatch.setattr(spi, "_gpu", lambda device: True)
+    with spi.enabled(), pytest.raises(Exception, match=f"{setting}='all' merges these collectives") as caught:
+        torch.compile(two_streams(COLLECTIVES[setting]))(*_inputs())
+    assert "(stream 0)" in str(caught.value) and "(stream 1)" in str(caught.value)
+
+
+def test_on_cpu_the_merge_is_allowed_and_equals_eager(setting):
+    fn, inputs = two_streams(COLLECTIVES[setting]), _inputs()
+    with spi.enabled(sp.StreamPass(keep_graphs=True)) as p:
+        torch.testing.assert_close(torch.compile(fn)(*inputs), fn(*inputs))
+    (report,) = p.reports
+    assert report.streams == [0, 1] and sp.verify(report.verified_graph).ok
+
+
+def test_collectives_on_one_stream_merge_on_the_gpu_with_no_unwaited_read(setting, monkeypatch):
+    codes = native_codes(monkeypatch, one_side_stream(COLLECTIVES[setting]), *_inputs())
+    assert len(codes) == 1 and "wait_event" in codes[0]
+    assert unwaited_reads(codes[0]) == []
+
+
+@pytest.mark.skipif(not ON_STREAMS, reason="torch 2.11 and 2.12 issue every kernel on one stream: nothing to refuse")
+def test_overlap_schedulings_bucketing_is_refused_too(monkeypatch):
+    """Overlap scheduling buckets with the same merge (torch's ``overlap_preserving_bucketer``);
+    it needs triton, but the refusal comes first, in the post-grad custom pass."""
+    monkeypatch.setattr(spi, "_gpu", lambda device: True)
+    overlap = {
+        f"aten_distributed_optimizations.{k}": True for k in ("enable_overlap_scheduling", "collective_bucketing")
+    }
+    with (
+        inductor_config.patch(overlap),
+        spi.enabled(),
+        pytest.raises(Exception, match="enable_overlap_scheduling=True with collective_bucketing"),
+    ):
+        torch.compile(two_streams(_all_reduce))(*_inputs())
+
+
+def test_without_bucketing_nothing_is_refused(monkeypatch):
+    assert collective_buckets.bucketing_flags() == {}
+    with contextlib.suppress(NameError, AssertionError):  # the GPU code cannot run here
+        codes = native_codes(monkeypatch, two_streams(_all_reduce), *_inputs())
+    assert len(codes) == 1 and unwaited_reads(codes[0]) == []
