@@ -12,7 +12,8 @@ lowering's generated code, tests/test_collective_buckets.py). On CPU streams are
 nothing races, nor on torch 2.11 and 2.12, whose GPU lowering issues every kernel on one stream;
 collectives of one kind on one stream merge safely.
 
-:func:`refuse_across_streams` turns that race into an error, before StreamPass edits the graph.
+:func:`refuse_across_streams` turns that race into an error, before StreamPass edits the graph;
+``assign="auto"`` keeps each group that may merge (:func:`merged_groups`) on one stream.
 """
 
 from __future__ import annotations
@@ -70,20 +71,35 @@ def _bucket_key(node: torch.fx.Node) -> tuple:
     )
 
 
-def across_streams(a: StreamAssignment) -> list[tuple[str, list[torch.fx.Node]]]:
-    """Each bucketing setting that is on, with collectives it could merge that run on different
-    streams of ``a``: ``(setting, those collectives)``."""
+class Merged(list):
+    """Collectives inductor's bucketing may merge into one (their nodes, in graph order)."""
+
+    why = "inductor's collective bucketing merges them into one, after StreamPass"
+
+
+def _groups(a: StreamAssignment) -> list[tuple[str, Merged]]:
+    """``(setting, collectives)`` for each bucketing setting on and each key it merges on."""
     found = []
     for setting, names in bucketing_flags().items():
         targets = {t for t in map(_c10d, names) if t is not None}
-        by_key: dict[tuple, list[torch.fx.Node]] = {}
+        by_key: dict[tuple, Merged] = {}
         for n in a.nodes:
             if n.op == "call_function" and n.target in targets:
-                by_key.setdefault(_bucket_key(n), []).append(n)
-        for group in by_key.values():
-            if len({a.stream[n] for n in group}) > 1:
-                found.append((setting, group))
+                by_key.setdefault(_bucket_key(n), Merged()).append(n)
+        found += [(setting, group) for group in by_key.values()]
     return found
+
+
+def merged_groups(a: StreamAssignment) -> list[Merged]:
+    """The collectives of ``a`` that inductor's bucketing, as configured now, may merge: each
+    group of two or more (``assign="auto"`` keeps each on one stream)."""
+    return [group for _, group in _groups(a) if len(group) > 1]
+
+
+def across_streams(a: StreamAssignment) -> list[tuple[str, Merged]]:
+    """Each bucketing setting that is on, with collectives it could merge that run on different
+    streams of ``a``: ``(setting, those collectives)``."""
+    return [(setting, group) for setting, group in _groups(a) if len({a.stream[n] for n in group}) > 1]
 
 
 def refuse_across_streams(a: StreamAssignment) -> None:

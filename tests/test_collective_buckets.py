@@ -146,3 +146,28 @@ def test_without_bucketing_nothing_is_refused(monkeypatch):
     with contextlib.suppress(NameError, AssertionError):  # the GPU code cannot run here
         codes = native_codes(monkeypatch, two_streams(_all_reduce), *_inputs())
     assert len(codes) == 1 and unwaited_reads(codes[0]) == []
+
+
+def three_branches(x, w1, w2, u):
+    """Two collectives on independent branches and a third branch: ``assign="auto"`` with the
+    H100 profile spreads them over streams."""
+    a = _all_reduce((x @ w1).relu() @ w1)
+    b = _all_reduce((u @ w2).relu() @ w2)
+    c = ((u @ u).relu() @ u).relu() @ u
+    return a.relu() @ w1 + b.sigmoid() @ w2 + c
+
+
+@pytest.mark.parametrize("bucketing", ["none", "all"])
+def test_assign_auto_keeps_collectives_that_may_merge_on_one_stream(bucketing, monkeypatch):
+    """``assign="auto"`` places collectives inductor's bucketing may merge on one stream, and so
+    never makes a graph StreamPass would refuse; without bucketing it spreads them."""
+    p = sp.StreamPass(assign="auto", assign_cost="h100", keep_graphs=True)
+    with inductor_config.patch(bucket_all_reduces_fx=bucketing):
+        codes = native_codes(monkeypatch, three_branches, *(torch.randn(2048, 2048) for _ in range(4)), passes=p)
+    (report,) = p.reports
+    collectives = [
+        n for n in report.verified_graph.graph.nodes if n.target is torch.ops._c10d_functional.all_reduce.default
+    ]
+    streams = {n.meta.get("custom", {}).get("stream", 0) for n in collectives}
+    assert len(collectives) == 2 and len(report.streams) > 1 and len(streams) == (1 if bucketing == "all" else 2)
+    assert len(codes) == 1 and unwaited_reads(codes[0]) == []

@@ -95,12 +95,12 @@ def kernel_streams(code: str) -> set[str]:
     return found
 
 
-def native_codes(monkeypatch, fn, *args, fullgraph: bool = False) -> list[str]:
-    """The modules inductor generates for ``fn`` under StreamPass with the GPU lowering (in this
-    test's cache directory)."""
+def native_codes(monkeypatch, fn, *args, fullgraph: bool = False, passes=None) -> list[str]:
+    """The modules inductor generates for ``fn`` under StreamPass (``passes``, as for
+    ``enabled``) with the GPU lowering (in this test's cache directory)."""
     monkeypatch.setattr(spi, "_gpu", lambda device: True)
     # the code cannot run on CPU: undefined stream variables, CPU streams and events
-    with spi.enabled(), contextlib.suppress(NameError, RuntimeError, AssertionError):
+    with spi.enabled(passes), contextlib.suppress(NameError, RuntimeError, AssertionError):
         torch.compile(fn, fullgraph=fullgraph)(*args)
     files = glob.glob(os.environ["TORCHINDUCTOR_CACHE_DIR"] + "/**/*.py", recursive=True)
     return [c for c in (pathlib.Path(f).read_text() for f in files) if "def call(" in c]

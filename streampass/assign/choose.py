@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
+from streampass import collective_buckets
 from streampass.analysis.bodies import streams_below
 from streampass.analysis.reading import read_streams
 from streampass.assign import candidates as cand
@@ -252,6 +253,8 @@ def _choose(gm, model, max_streams, memory_budget, cpu_launch, external_events, 
     fixed = fixed_streams(a)  # reads every body's streams: once
     if groups:
         model = fused_cost(a, groups, model, fixed)
+    if keep_fusions:  # inductor may merge these after the pass: across streams it would race
+        groups = [*groups, *collective_buckets.merged_groups(a)]
     w = work_graph(a, model, fixed)
     slots = cand.stream_slots(a, max_streams, side_streams, streams_below(gm, a))
     free = frozenset(n.name for n in w.free)

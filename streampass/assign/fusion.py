@@ -138,11 +138,16 @@ def _feeds_and_waits(group: set[Node], succs: dict[Node, set[Node]], group_of, p
     return False
 
 
+#: why a fusion group stays on one stream
+FUSED = "inductor fuses them, and never across streams"
+
+
 def keep_together(
     w: WorkGraph, streams: dict[Node, int], groups: list[list[Node]]
 ) -> tuple[dict[Node, int], dict[Node, str]]:
     """``streams`` with each group on one stream: a fixed member's (when the fixed members agree;
-    otherwise the group is left as it is), else the stream of its heaviest member.
+    otherwise the group is left as it is), else the stream of its heaviest member. A group may
+    say why it is kept together (``group.why``); by default, inductor fuses it.
 
     >>> import torch, streampass as sp
     >>> from torch.fx.experimental.proxy_tensor import make_fx
@@ -166,7 +171,7 @@ def keep_together(
         for n in group:
             if out[n] != s and n not in w.fixed:
                 out[n] = s
-                notes[n] = f"kept with {head.name} on its stream: inductor fuses them, and never across streams"
+                notes[n] = f"kept with {head.name} on its stream: {getattr(group, 'why', FUSED)}"
     return out, notes
 
 
