@@ -8,7 +8,7 @@ input into its buffer, take the first collective's ``custom`` meta (torch's ``bu
 ``_populate_node_meta``), so on a GPU they run on the first one's stream. Where the merged
 collectives ran on different streams, that stream reads the others' inputs, and the others'
 readers read its result, with none of the waits the plan placed for them (checked on the GPU
-lowering's generated code, tests/test_collective_buckets.py). On CPU streams are one thread and
+lowering's generated code, tests/test_distributed.py). On CPU streams are one thread and
 nothing races, nor on torch 2.11 and 2.12, whose GPU lowering issues every kernel on one stream;
 collectives of one kind on one stream merge safely.
 

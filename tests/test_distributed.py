@@ -1,13 +1,17 @@
-"""Inductor's collective bucketing, which runs after StreamPass: merged across streams, it would
-race on a GPU, so StreamPass refuses it there by name (streampass/collective_buckets.py).
+"""Distributed training under StreamPass, on a one-rank gloo group.
 
-Collectives run on a one-rank gloo group; the GPU lowering is compiled on CPU and its generated
-code read by tests/test_native_lowering.py's race detector.
+* ``DistributedDataParallel`` compiled: DDP's optimizer splits the graph at its gradient buckets,
+  and every piece goes through StreamPass.
+* Inductor's collective bucketing, which runs after StreamPass: merged across streams, it would
+  race on a GPU, so StreamPass refuses it there by name (streampass/collective_buckets.py). The
+  GPU lowering is compiled on CPU and its generated code read by tests/test_native_lowering.py's
+  race detector.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -31,6 +35,46 @@ def one_rank():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+class Residual(torch.nn.Module):
+    """Six residual layers, each on one of two side streams in turn."""
+
+    def __init__(self, width=256, layers=6):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            with sp.stream(1 + i % 2):
+                branch = torch.relu(layer(x))
+            x = x + branch
+        return x.pow(2).mean()
+
+
+def test_data_parallel_training_goes_through_streampass_piece_by_piece():
+    """``torch.compile(DDP(model))`` with 1 MB gradient buckets: DDP's optimizer compiles the
+    forward in two pieces, and AOT autograd their backward; three steps equal eager's."""
+    torch.manual_seed(0)
+    model = Residual()
+    ref = copy.deepcopy(model)
+    step = torch.compile(torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
+    p = sp.StreamPass(keep_graphs=True)
+    for _ in range(3):
+        x = torch.randn(8, 256)
+        with spi.enabled(p):
+            loss = step(x)
+        want = ref(x)
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+        for out, opt in zip((loss, want), opts):
+            out.backward()
+            opt.step()
+            opt.zero_grad()
+    torch.testing.assert_close(model.state_dict(), ref.state_dict(), rtol=1e-5, atol=1e-6)
+    kinds = [r.graph for r in p.reports]
+    assert kinds.count("forward") == kinds.count("backward") == 2, kinds  # DDP's split: two pieces
+    assert all(r.streams == [0, 1, 2] and sp.verify(r.verified_graph).ok for r in p.reports)
 
 
 def _all_reduce(t):
