@@ -1,9 +1,10 @@
 """Inductor's collective bucketing, which runs after StreamPass and merges collectives across streams.
 
 With ``torch._inductor.config.bucket_all_reduces_fx`` (or ``bucket_reduce_scatters_fx``,
-``bucket_all_gathers_fx``, or ``aten_distributed_optimizations.enable_overlap_scheduling`` with
-``collective_bucketing=True``) inductor merges collectives of one kind, group and dtype into one, late
-in its post-grad passes: after the custom pass. The merged collective, and the copies of every
+``bucket_all_gathers_fx``, or ``aten_distributed_optimizations.enable_overlap_scheduling`` with its
+``collective_bucketing`` or, by default, its FSDP pre-bucketing) inductor merges independent
+collectives of one kind, group and (unless a multi-dtype mode) dtype into one, late in its post-grad
+passes: after the custom pass. The merged collective, and the copies of every
 input into its buffer, take the first collective's ``custom`` meta (torch's ``bucketing.py``,
 ``_populate_node_meta``), so on a GPU they run on the first one's stream. Where the merged
 collectives ran on different streams, that stream reads the others' inputs, and the others'
@@ -18,6 +19,7 @@ collectives of one kind on one stream merge safely.
 
 from __future__ import annotations
 
+import networkx as nx
 import torch
 import torch._inductor.config as inductor_config
 import torch.fx
@@ -31,44 +33,51 @@ def _c10d(name: str):
     return getattr(getattr(torch.ops._c10d_functional, name, None), "default", None)
 
 
-#: bucketing flag -> the functional collectives it merges
+#: bucketing flag -> (the functional collectives it merges, the config naming its bucket mode)
 _MERGED_BY = {
-    "bucket_all_reduces_fx": ("all_reduce",),
-    "bucket_reduce_scatters_fx": ("reduce_scatter_tensor",),
-    "bucket_all_gathers_fx": ("all_gather_into_tensor",),
+    "bucket_all_reduces_fx": (("all_reduce",), None),
+    "bucket_reduce_scatters_fx": (("reduce_scatter_tensor",), "bucket_reduce_scatters_bucket_mode"),
+    "bucket_all_gathers_fx": (("all_gather_into_tensor",), "bucket_all_gathers_bucket_mode"),
 }
-_OVERLAP = "aten_distributed_optimizations.enable_overlap_scheduling"
+_ALL = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+#: overlap scheduling buckets with ``collective_bucketing``, and before it, by default, merges the
+#: collectives of any group with an FSDP-style all-gather (``pre_bucketing_fsdp_collectives``)
+_OVERLAP = "aten_distributed_optimizations.enable_overlap_scheduling=True"
 
 
-def bucketing_flags() -> dict[str, tuple[str, ...]]:
-    """The bucketing settings on in inductor's config now -> the collectives each merges.
+def bucketing_flags() -> dict[str, tuple[tuple[str, ...], str | None]]:
+    """The bucketing settings on in inductor's config now -> (the collectives each merges, its
+    bucket mode; ``"any"`` where the key is not torch's: every collective of a kind may merge).
 
     >>> import torch._inductor.config as inductor_config
     >>> with inductor_config.patch(bucket_all_reduces_fx="all"):
     ...     bucketing_flags()
-    {"bucket_all_reduces_fx='all'": ('all_reduce',)}
+    {"bucket_all_reduces_fx='all'": (('all_reduce',), None)}
     """
-    on = {
-        f"{flag}={getattr(inductor_config, flag)!r}": merged
-        for flag, merged in _MERGED_BY.items()
-        if getattr(inductor_config, flag, "none") != "none"
-    }
+    on = {}
+    for flag, (merged, mode) in _MERGED_BY.items():
+        if getattr(inductor_config, flag, "none") != "none":
+            on[f"{flag}={getattr(inductor_config, flag)!r}"] = (merged, mode and getattr(inductor_config, mode, None))
     overlap = getattr(inductor_config, "aten_distributed_optimizations", None)
-    if getattr(overlap, "enable_overlap_scheduling", False) and getattr(overlap, "collective_bucketing", None):
-        on[f"{_OVERLAP}=True with collective_bucketing=True"] = tuple(
-            name for merged in _MERGED_BY.values() for name in merged
-        )
+    if getattr(overlap, "enable_overlap_scheduling", False) and (
+        getattr(overlap, "collective_bucketing", None) or getattr(overlap, "pre_bucketing_fsdp_collectives", False)
+    ):
+        on[_OVERLAP] = (_ALL, "any")
     return on
 
 
-def _bucket_key(node: torch.fx.Node) -> tuple:
-    """What torch's bucketing keys a collective on (op, group, reduce op, dtype); more, never less."""
-    val = node.meta.get("val")
-    return (
-        node.target,
-        tuple(a for a in node.args[1:] if not isinstance(a, torch.fx.Node)),
-        getattr(val, "dtype", None),
-    )
+def _bucket_key(node: torch.fx.Node, mode: str | None) -> object:
+    """torch's own key for the collectives it may merge (``bucketing.bucket_key``: group, reduce
+    op and, unless ``mode`` is multi-dtype, dtype); where torch cannot tell (mode ``"any"``, or a
+    group it cannot resolve here), the kind of collective alone: more merges, never fewer."""
+    if mode != "any":
+        try:
+            from torch._inductor.fx_passes.bucketing import bucket_key
+
+            return node.target, bucket_key(node, mode)
+        except Exception:  # a group or an op this torch cannot key: the kind alone
+            pass
+    return (node.target,)
 
 
 class Merged(list):
@@ -78,21 +87,43 @@ class Merged(list):
 
 
 def _groups(a: StreamAssignment) -> list[tuple[str, Merged]]:
-    """``(setting, collectives)`` for each bucketing setting on and each key it merges on."""
+    """``(setting, collectives)`` for each bucketing setting on and each set of collectives it
+    may merge: one key, and linked by independence (torch never merges a collective with one it
+    depends on), so that two collectives in different sets always depend on one another."""
+    flags = bucketing_flags()
+    if not flags:
+        return []
+    graph = nx.DiGraph((i, n) for n in a.nodes for i in n.all_input_nodes)
     found = []
-    for setting, names in bucketing_flags().items():
+    for setting, (names, mode) in flags.items():
         targets = {t for t in map(_c10d, names) if t is not None}
-        by_key: dict[tuple, Merged] = {}
+        by_key: dict[object, list[torch.fx.Node]] = {}
         for n in a.nodes:
             if n.op == "call_function" and n.target in targets:
-                by_key.setdefault(_bucket_key(n), Merged()).append(n)
-        found += [(setting, group) for group in by_key.values()]
+                by_key.setdefault(_bucket_key(n, mode), []).append(n)
+        for same in by_key.values():
+            found += [(setting, Merged(g)) for g in _independent_sets(graph, same)]
     return found
+
+
+def _independent_sets(graph: nx.DiGraph, nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
+    """The connected components, in graph order, of ``nodes`` linked where neither reaches the other."""
+    if len(nodes) < 2:
+        return [nodes]
+    below = {n: nx.descendants(graph, n) if n in graph else set() for n in nodes}
+    may_merge = nx.Graph()
+    may_merge.add_nodes_from(nodes)
+    may_merge.add_edges_from(
+        (x, y) for i, x in enumerate(nodes) for y in nodes[i + 1 :] if y not in below[x] and x not in below[y]
+    )
+    order = {n: i for i, n in enumerate(nodes)}
+    return sorted((sorted(c, key=order.get) for c in nx.connected_components(may_merge)), key=lambda c: order[c[0]])
 
 
 def merged_groups(a: StreamAssignment) -> list[Merged]:
     """The collectives of ``a`` that inductor's bucketing, as configured now, may merge: each
-    group of two or more (``assign="auto"`` keeps each on one stream)."""
+    set of two or more (``assign="auto"`` keeps each on one stream, on every torch and device:
+    it matters where :func:`refuse_across_streams` would refuse, and costs little elsewhere)."""
     return [group for _, group in _groups(a) if len(group) > 1]
 
 

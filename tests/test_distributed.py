@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import re
 
 import pytest
 import torch
@@ -111,15 +111,40 @@ def two_streams(collective):
     return f
 
 
-def one_side_stream(collective):
+def one_stream(collective):
+    """Both collectives on the ambient stream, a side stream's work next to them."""
+
     def f(x, w, v):
-        g = x @ w
+        a = collective(x @ w)
+        b = collective(v.sin())
         with sp.stream(1):
-            a = collective(g)
-            r = collective(v.sin()) * 2
-        return r + torch.relu(a)
+            k = x.cos() * 2
+        return a.relu() + b * 2 + k
 
     return f
+
+
+def chained(collective):
+    """The second collective reduces what the first returned (tensor parallelism's pattern):
+    torch never merges a collective with one it depends on."""
+
+    def f(x, w, v):
+        a = collective(x @ w)
+        with sp.stream(1):
+            c = collective(a.sin()) * 2
+        return c + v.sum()
+
+    return f
+
+
+_COLLECTIVE_CALL = re.compile(
+    r"^\s*(?:buf\d+ = )?torch\.ops\._c10d_functional\.(all_reduce_|reduce_scatter_tensor|all_gather_into_tensor\w*)\."
+)
+
+
+def collective_calls(code: str) -> int:
+    """How many collectives the generated code launches."""
+    return sum(1 for line in code.splitlines() if _COLLECTIVE_CALL.match(line))
 
 
 def _inputs():
@@ -164,31 +189,69 @@ def test_on_cpu_the_merge_is_allowed_and_equals_eager(setting):
 
 
 def test_collectives_on_one_stream_merge_on_the_gpu_with_no_unwaited_read(setting, monkeypatch):
-    codes = native_codes(monkeypatch, one_side_stream(COLLECTIVES[setting]), *_inputs())
+    codes = native_codes(monkeypatch, one_stream(COLLECTIVES[setting]), *_inputs())
     assert len(codes) == 1 and "wait_event" in codes[0]
+    assert collective_calls(codes[0]) == 1, "torch did not merge the two: this test no longer tests a merge"
     assert unwaited_reads(codes[0]) == []
 
 
+def test_a_collective_that_reads_another_is_not_refused(setting, monkeypatch):
+    """Across streams, but dependent: torch keeps them apart, so StreamPass compiles them."""
+    codes = native_codes(monkeypatch, chained(COLLECTIVES[setting]), *_inputs())
+    assert len(codes) == 1 and collective_calls(codes[0]) == 2
+    assert unwaited_reads(codes[0]) == []
+
+
+def two_dtypes(x, w, v):
+    """An fp32 all-gather on the ambient stream, a bf16 one on a side stream."""
+    a = _all_gather(x @ w)
+    with sp.stream(1):
+        b = _all_gather(v.sin().bfloat16()) * 2
+    return a.relu() + b.float()
+
+
+@pytest.mark.skipif(
+    not hasattr(inductor_config, "bucket_all_gathers_bucket_mode"), reason="torch 2.11 has no bucket modes"
+)
+@pytest.mark.parametrize("mode", ["default", "custom_ops_multidtype"])
+def test_all_gathers_of_two_dtypes_merge_only_in_a_multi_dtype_mode(mode, monkeypatch):
+    """StreamPass keys collectives as torch does: two dtypes merge only in a multi-dtype mode,
+    where (across streams) StreamPass refuses them; otherwise they compile apart."""
+    settings = {"bucket_all_gathers_fx": "all", "bucket_all_gathers_bucket_mode": mode}
+    refused = ON_STREAMS and mode != "default"
+    with inductor_config.patch(settings):
+        if refused:
+            monkeypatch.setattr(spi, "_gpu", lambda device: True)
+            with spi.enabled(), pytest.raises(Exception, match="all_gather_into_tensor \\(stream 0\\)"):
+                torch.compile(two_dtypes)(*_inputs())
+            return
+        codes = native_codes(monkeypatch, two_dtypes, *_inputs())
+    assert len(codes) == 1 and unwaited_reads(codes[0]) == []
+    assert collective_calls(codes[0]) == (1 if mode != "default" else 2)
+
+
 @pytest.mark.skipif(not ON_STREAMS, reason="torch 2.11 and 2.12 issue every kernel on one stream: nothing to refuse")
-def test_overlap_schedulings_bucketing_is_refused_too(monkeypatch):
-    """Overlap scheduling buckets with the same merge (torch's ``overlap_preserving_bucketer``);
-    it needs triton, but the refusal comes first, in the post-grad custom pass."""
+@pytest.mark.parametrize("flags", [("collective_bucketing",), ()], ids=["collective_bucketing", "fsdp_pre_bucketing"])
+def test_overlap_schedulings_bucketing_is_refused_too(monkeypatch, flags):
+    """Overlap scheduling buckets with the same merge (torch's ``overlap_preserving_bucketer``),
+    and by default first merges the collectives of groups with an FSDP-style all-gather; it
+    needs triton, but the refusal comes first, in the post-grad custom pass."""
     monkeypatch.setattr(spi, "_gpu", lambda device: True)
-    overlap = {
-        f"aten_distributed_optimizations.{k}": True for k in ("enable_overlap_scheduling", "collective_bucketing")
-    }
+    overlap = {f"aten_distributed_optimizations.{k}": True for k in ("enable_overlap_scheduling", *flags)}
     with (
         inductor_config.patch(overlap),
         spi.enabled(),
-        pytest.raises(Exception, match="enable_overlap_scheduling=True with collective_bucketing"),
+        pytest.raises(Exception, match="enable_overlap_scheduling=True merges these collectives"),
     ):
         torch.compile(two_streams(_all_reduce))(*_inputs())
+    off = {**overlap, "aten_distributed_optimizations.pre_bucketing_fsdp_collectives": False}
+    with inductor_config.patch(off):  # with neither, overlap scheduling only reorders
+        assert len(collective_buckets.bucketing_flags()) == len(flags)
 
 
 def test_without_bucketing_nothing_is_refused(monkeypatch):
     assert collective_buckets.bucketing_flags() == {}
-    with contextlib.suppress(NameError, AssertionError):  # the GPU code cannot run here
-        codes = native_codes(monkeypatch, two_streams(_all_reduce), *_inputs())
+    codes = native_codes(monkeypatch, two_streams(_all_reduce), *_inputs())
     assert len(codes) == 1 and unwaited_reads(codes[0]) == []
 
 

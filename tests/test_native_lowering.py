@@ -31,7 +31,11 @@ _CONTEXT = re.compile(r"^\s*with (?:torch\.cuda\.stream\()?(\w+)\)?:$")
 _SYNC = re.compile(r"torch\.ops\.streams\.(record_event|wait_event)\.default\((\d+), (\d+)\)")
 #: syncs that cover every write issued before them (a ``wait_stream`` records as it is issued)
 _BARRIER = re.compile(r"torch\.ops\.streams\.(wait_stream|synchronize_\w+)\.default\(")
-_KERNEL = re.compile(r"^\s*(cpp_fused_\w+|extern_kernels\.\w+)\((.*)\)$")
+#: a kernel, an extern kernel or an op call (not a sync), maybe assigning its result to a buffer
+_KERNEL = re.compile(
+    r"^\s*(?:(buf\d+) = )?(cpp_fused_\w+|extern_kernels\.\w+|torch\.ops\.(?!streams\.|streampass\.)[\w.]+)\((.*)\)$"
+)
+_IN_PLACE = re.compile(r"^torch\.ops\.\w+\.\w+_\.\w+$")  # torch.ops.ns.op_.overload writes its first argument
 _NAME = re.compile(r"\b(buf\d+|arg\d+_\d+)\b")
 
 
@@ -49,6 +53,21 @@ def unwaited_reads(code: str) -> list[str]:
     ... '''.replace("k0", "cpp_fused_k0").replace("k1", "cpp_fused_k1")
     >>> unwaited_reads(code)
     ['cpp_fused_k1 reads buf0 (written by cpp_fused_k0)']
+
+    Op calls count as kernels: a result assigned to a buffer is written by the call, and an
+    in-place op (``torch.ops.ns.op_.overload``) writes its first argument again.
+
+    >>> code = '''def call(self, args):
+    ...     with default_stream:
+    ...         buf0 = torch.ops.aten.sin.default(arg0_1)
+    ...     with stream1:
+    ...         torch.ops.c10d.all_reduce_.default(buf0, 'sum', '0')
+    ...     with default_stream:
+    ...         cpp_fused_k1(buf0, buf1)
+    ... '''
+    >>> unwaited_reads(code)  # doctest: +NORMALIZE_WHITESPACE
+    ['torch.ops.c10d.all_reduce_.default reads buf0 (written by torch.ops.aten.sin.default)',
+     'cpp_fused_k1 reads buf0 (written by torch.ops.c10d.all_reduce_.default)']
     """
     body = code[code.index("def call(") :]
     context, writer, found = "", {}, []
@@ -67,7 +86,7 @@ def unwaited_reads(code: str) -> list[str]:
         elif _BARRIER.search(line):
             barriers.append(i)
         elif m := _KERNEL.match(line):
-            kernel, names = m.group(1), _NAME.findall(m.group(2))
+            result, kernel, names = m.group(1), m.group(2), _NAME.findall(m.group(3))
             for name in names:
                 if name not in writer:
                     continue
@@ -79,6 +98,10 @@ def unwaited_reads(code: str) -> list[str]:
             for name in names:  # a kernel's buffers not written before are its outputs
                 if name.startswith("buf") and name not in writer:
                     writer[name] = (i, context, kernel)
+            if result is not None:
+                writer[result] = (i, context, kernel)
+            if _IN_PLACE.match(kernel) and names and names[0].startswith("buf"):
+                writer[names[0]] = (i, context, kernel)
         elif m := re.match(r"^\s*(buf\d+) = (buf\d+); del \2", line):
             writer.pop(m.group(1), None)  # a reused buffer: written anew by its next kernel
     return found
