@@ -39,7 +39,7 @@ _MERGED_BY = {
     "bucket_reduce_scatters_fx": (("reduce_scatter_tensor",), "bucket_reduce_scatters_bucket_mode"),
     "bucket_all_gathers_fx": (("all_gather_into_tensor",), "bucket_all_gathers_bucket_mode"),
 }
-_ALL = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+_ALL = tuple(name for names, _ in _MERGED_BY.values() for name in names)
 #: overlap scheduling buckets with ``collective_bucketing``, and before it, by default, merges the
 #: collectives of any group with an FSDP-style all-gather (``pre_bucketing_fsdp_collectives``)
 _OVERLAP = "aten_distributed_optimizations.enable_overlap_scheduling=True"
