@@ -125,7 +125,7 @@ def check_config(
         # the waits streampass leaves on side streams at exit (deferred frees) are not joined.
         def call():
             sp.execute(gm, x, w)
-            table = sp.runtime.state(gm)["table"]
+            table = sp.runtime.table_of(gm)
             cur = torch.cuda.current_stream()
             for st in table.streams.values() if table is not None else ():
                 if st != cur:

@@ -20,7 +20,7 @@ from streampass import annotate, ops, values
 from streampass.analysis.dag import StreamDAG
 from streampass.analysis.verify import verify
 from streampass.errors import StreamPassError
-from streampass.runtime import run_serial
+from streampass.serial import run_serial
 from streampass.transform.pipeline import run
 
 

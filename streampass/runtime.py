@@ -4,14 +4,16 @@
 (``torch._dynamo.graph_bytecode_inputs``). Under ``torch.compile`` dynamo fills it. For a graph
 streampass rewrote and that you call yourself, :func:`bind` fills it for the duration of
 one call: index 0 is the stream current at call time, every other stream index gets one
-``torch.Stream`` owned by the graph, every event index one ``torch.Event``. Entries that were
-there before are put back afterwards, so nothing leaks from one graph to another.
+``torch.Stream`` owned by the graph, every event index one ``torch.Event``, one set for each
+calling thread (two threads calling a graph at once must not record and wait on one event).
+Entries that were there before are put back afterwards, so nothing leaks from one graph to
+another.
 
 A copy of the graph (``copy.deepcopy``, pickling) loses those hooks, and a compiled graph
 looks up indices streampass allocated that dynamo never registered: for both,
 :func:`install_object_fallback` routes the ops' lookups through :func:`lookup`, which answers
-an index dynamo has no entry for with a process-wide object (index 0 the current stream, an
-index ``>= EVENT_BASE`` an event, any other a side stream). :func:`install` turns it on.
+an index dynamo has no entry for with an object of the calling thread's own (index 0 the current
+stream, an index ``>= EVENT_BASE`` an event, any other a side stream). :func:`install` turns it on.
 
 On CPU, torch's events cannot be recorded, so CPU graphs get :class:`NoOpEvent` and
 :class:`NoOpStream` (subclasses, so the ops' type checks pass); every sync is then a no-op
@@ -24,7 +26,6 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 import torch.fx
@@ -73,30 +74,36 @@ class NoOpStream(torch.Stream):
 # --------------------------------------------------------------------------------------------
 # Objects for indices nobody registered (compiled graphs, and copies that lost their hooks)
 # --------------------------------------------------------------------------------------------
-_FALLBACK: dict[tuple[str, int], Any] = {}
+# One set per thread: the ops of one graph call all run in the thread that called it, and two
+# threads calling compiled graphs at once (a server's request threads, each on a stream of its
+# own) must not record and wait on one event: a wait would see the other thread's record.
+_fallback = threading.local()  # .objects: (device, index) -> object
 
 
 def _fallback_object(index: int):
+    objects = getattr(_fallback, "objects", None)
+    if objects is None:
+        objects = _fallback.objects = {}
     acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     device = (
         torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
     )
     if device.type == "cpu":
         key = ("cpu", index)
-        if key not in _FALLBACK:
-            _FALLBACK[key] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
-        return _FALLBACK[key]
+        if key not in objects:
+            objects[key] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
+        return objects[key]
     if index == AMBIENT:
         return torch.accelerator.current_stream(device)
     key = (str(device), index)
-    if key not in _FALLBACK:
-        _FALLBACK[key] = torch.Event(device) if index >= EVENT_BASE else torch.Stream(device)
-    return _FALLBACK[key]
+    if key not in objects:
+        objects[key] = torch.Event(device) if index >= EVENT_BASE else torch.Stream(device)
+    return objects[key]
 
 
 # dynamo's own lookup, kept before install_object_fallback replaces the names it is known by
 _DYNAMO_LOOKUP = getattr(table.get_external_object_by_index, "__wrapped_dynamo__", table.get_external_object_by_index)
-_bound = threading.local()  # .tables: index -> object of each graph being called, innermost last
+_bound = threading.local()  # .tables: index -> object of each graph being called, innermost last; .opened
 
 
 def _bound_tables() -> list:
@@ -111,8 +118,9 @@ def lookup(index: int):
 
     In order: the table of the innermost graph :func:`bind` is calling; dynamo's object table
     (``graph_bytecode_inputs``, a dict in torch 2.13 and a list in 2.15); for an index nobody
-    registered, a process-wide object of the current accelerator (no-op objects on CPU):
-    index 0 the current stream, an index ``>= EVENT_BASE`` an event, any other a side stream.
+    registered, an object of the current accelerator (no-op objects on CPU), one per thread, so
+    that graphs called from two threads at once never share an event: index 0 the current
+    stream, an index ``>= EVENT_BASE`` an event, any other a side stream.
 
     >>> type(lookup(EVENT_BASE + 7)).__name__, lookup(EVENT_BASE + 7) is lookup(EVENT_BASE + 7)
     ('NoOpEvent', True)
@@ -216,11 +224,38 @@ def _no_table() -> None:
     return None
 
 
+class _TablePerThread(threading.local):
+    """What ``state(gm)["table"]`` holds: the graph's :class:`StreamTable`, one per calling
+    thread, so two threads calling one graph at once never record and wait on one event."""
+
+    table: StreamTable | None = None
+
+    def __reduce__(self):
+        return (_no_table, ())
+
+
+def table_of(gm: torch.fx.GraphModule) -> StreamTable | None:
+    """The table ``gm``'s calls from this thread bind (None before the first call).
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         y = x.sin()
+    ...     return y + x.cos()
+    >>> gm = make_fx(f)(torch.ones(4)); _ = sp.run(gm)
+    >>> table_of(gm) is None, torch.equal(gm(torch.ones(4)), f(torch.ones(4))), sorted(table_of(gm).streams)
+    (True, True, [0, 1])
+    """
+    per_thread = state(gm)["table"]
+    return per_thread.table if per_thread is not None else None
+
+
 def state(gm: torch.fx.GraphModule) -> dict:
     """streampass's record on ``gm`` (``gm.meta["streampass"]``): the external events it was
-    run with, the cached :class:`StreamTable` and, once :func:`streampass.run` planned it, the
-    streams it read (``"streams"``: a body's, for the graph that calls it). It travels with
-    ``copy.deepcopy`` and pickling.
+    run with, the cached :class:`StreamTable` of each calling thread (:func:`table_of`) and,
+    once :func:`streampass.run` planned it, the streams it read (``"streams"``: a body's, for
+    the graph that calls it). It travels with ``copy.deepcopy`` and pickling, tables left out.
 
     >>> import torch
     >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
@@ -253,9 +288,11 @@ def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> 
     """
     install_object_fallback()
     record = state(gm)
-    t = record["table"]
+    if record["table"] is None:
+        record["table"] = _TablePerThread()
+    t = record["table"].table
     if t is None or (device is not None and torch.device(device) != t.device):
-        t = record["table"] = StreamTable.for_graph(gm, device)
+        t = record["table"].table = StreamTable.for_graph(gm, device)
     tables, entries = _bound_tables(), t.entries()
     tables.append(entries)
     try:
@@ -310,17 +347,21 @@ def _rebuild_installed(rebuild, args, external_events, streams=None) -> torch.fx
 
 
 # Module-level hooks (not closures), so a graph with them can be deep-copied and pickled.
-_open_binds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _open_binds() -> weakref.WeakKeyDictionary:  # module -> this thread's open binds, innermost last
+    opened = getattr(_bound, "opened", None)
+    if opened is None:
+        opened = _bound.opened = weakref.WeakKeyDictionary()
+    return opened
 
 
 def _bind_before_call(module, args) -> None:
     es = contextlib.ExitStack()
     es.enter_context(bind(module))
-    _open_binds.setdefault(module, []).append(es)
+    _open_binds().setdefault(module, []).append(es)
 
 
 def _unbind_after_call(module, args, output) -> None:
-    stack = _open_binds.get(module)
+    stack = _open_binds().get(module)
     if stack:
         stack.pop().close()
 
@@ -357,44 +398,3 @@ def execute(gm: torch.fx.GraphModule, *args, device: torch.device | str | None =
     """
     with bind(gm, device) as t:
         return StreamInterpreter(gm, t).run(*args)
-
-
-_SYNC_METHODS = frozenset({"record", "record_event", "wait", "wait_event", "wait_stream", "synchronize"})
-
-
-class _SerialInterpreter(torch.fx.Interpreter):
-    def run_node(self, n: torch.fx.Node):
-        from streampass import ops
-
-        if ops.as_sync_call(n) is not None:
-            if n.target is not ops.CONTROL_DEPS:
-                return None
-            return (None, *self.map_nodes_to_values(tuple(ops.passthrough_values(n)), n))  # the op's result, then them
-        if n.op == "call_method" and n.target in _SYNC_METHODS and n.args:
-            # torch 2.11's dynamo graphs keep ``s.wait_stream(t)`` / ``s.synchronize()`` as
-            # method calls on the objects, not stream ops
-            owner = self.map_nodes_to_values(n.args[0], n)
-            if isinstance(owner, (torch.Stream, torch.Event)):
-                return None
-        return super().run_node(n)
-
-
-def run_serial(gm: torch.fx.GraphModule, *args):
-    """Run ``gm`` in graph order on one stream, skipping every stream op: the program's meaning.
-
-    This is the reference a rewritten graph is compared against (fork/join graphs cannot be
-    called eagerly on CPU: ``fork`` switches the accelerator's current stream).
-
-    >>> import torch
-    >>> from streampass.synthetic import random_stream_graph, random_inputs
-    >>> gm = random_stream_graph(10, 2, style="fork_join")
-    >>> x = random_inputs(gm)
-    >>> want = run_serial(gm, *[t.clone() for t in x])  # its ops may write their inputs
-    >>> len(want)
-    3
-    >>> import streampass as sp
-    >>> _ = sp.run(gm)  # syncs in control_deps, values read through them
-    >>> all(torch.equal(a, b) for a, b in zip(run_serial(gm, *[t.clone() for t in x]), want))
-    True
-    """
-    return _SerialInterpreter(gm).run(*args)

@@ -4,7 +4,7 @@ program's own graph run in order on one stream with every sync skipped.
 On CPU ``torch.Event.record()`` and ``torch.Stream.wait_stream()`` raise ("cpu backend doesn't
 support events"), so a program that records an event has no eager result here. For those the
 reference is dynamo's graph of the program (before AOT autograd, inductor or streampass) run
-by :func:`streampass.runtime.run_serial`, which skips stream ops: on one stream, in program
+by :func:`streampass.serial.run_serial`, which skips stream ops: on one stream, in program
 order, every sync is a no-op, which is what the syncs mean on CPU.
 """
 
@@ -21,7 +21,7 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass import ops
 from streampass.analysis.reading import events_recorded_outside, read_streams
-from streampass.runtime import run_serial
+from streampass.serial import run_serial
 
 #: the running torch as (major, minor)
 TORCH = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])

@@ -24,7 +24,7 @@ from streampass.assign.fusion import fused_cost, fusion_groups
 from streampass.assign.memory import peak_bytes
 from streampass.assign.search import Search
 from streampass.assign.select import MEM_TIE, TIE
-from streampass.runtime import run_serial
+from streampass.serial import run_serial
 from streampass.sim.cost import PROFILES, CostModel
 from streampass.synthetic import random_inputs, random_stream_graph
 

@@ -48,7 +48,7 @@ def test_saved_tensors_that_share_storage_are_found_through_pass_throughs():
     from torch._functorch.aot_autograd import aot_module_simplified
 
     from streampass.donated_buffers import shared_saved_tensors
-    from streampass.runtime import run_serial
+    from streampass.serial import run_serial
 
     seen = []
 

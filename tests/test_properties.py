@@ -14,7 +14,7 @@ import streampass as sp
 from streampass import ops
 from streampass.analysis.capture import unjoined
 from streampass.analysis.requirements import requirements
-from streampass.runtime import run_serial
+from streampass.serial import run_serial
 from streampass.synthetic import random_inputs, random_stream_graph
 
 from graphs import wrapped_work

@@ -12,7 +12,7 @@ from torch.fx.passes.tools_common import legalize_graph
 
 import streampass as sp
 from streampass import ops
-from streampass.runtime import run_serial
+from streampass.serial import run_serial
 from streampass.synthetic import random_stream_graph
 
 from graphs import GraphBuilder, aten

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import io
 import operator
+import threading
 
 import pytest
 import torch
@@ -114,6 +116,57 @@ def stale_dynamo_table():
     table.reset_user_object_tracking()
 
 
+def _two_branches(x, w):
+    with sp.stream(1):
+        a = torch.relu(x @ w)
+    with sp.stream(2):
+        b = torch.sigmoid(x * 2)
+    return a + b + x
+
+
+@pytest.mark.parametrize("call", ["gm(x)", "gm.forward(x)"])
+def test_threads_calling_one_rewritten_graph_at_once_never_share_an_event(monkeypatch, call):
+    """A server calls one graph from several request threads, each on a stream of its own.
+    ``gm(x)`` binds the graph's table (its own streams and events); ``gm.forward(x)`` bypasses
+    that and goes through ``runtime.lookup``'s fallback, as inductor's generated GPU code does
+    for the events streampass allocates. An event shared between threads would let a wait in one
+    thread see another thread's record, not its own producer's: each thread must record and wait
+    on events of its own."""
+    users: dict[int, set[int]] = collections.defaultdict(set)  # id(event) -> threads using it
+
+    def spy(op):
+        def used(self, stream=None):
+            users[id(self)].add(threading.get_ident())
+            return op(self, stream)
+
+        return used
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = make_fx(_two_branches)(x, w)
+    assert sp.run(gm).ok
+    monkeypatch.setattr(runtime.NoOpEvent, "record", spy(runtime.NoOpEvent.record))
+    monkeypatch.setattr(runtime.NoOpEvent, "wait", spy(runtime.NoOpEvent.wait))
+    fn = gm if call == "gm(x)" else gm.forward
+    start, failures, want = threading.Barrier(4), [], _two_branches(x, w)
+
+    def request():
+        try:
+            start.wait()
+            for _ in range(20):
+                torch.testing.assert_close(fn(x, w), want)
+        except BaseException as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=request) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert len(users) >= 4 * 2, "some thread recorded no event"
+    assert all(len(threads) == 1 for threads in users.values()), "threads shared an event"
+
+
 def test_a_run_and_called_graph_can_be_copied_and_pickled(stale_dynamo_table):
     f, gm = _side_stream_graph()
     sp.run(gm)
@@ -122,14 +175,14 @@ def test_a_run_and_called_graph_can_be_copied_and_pickled(stale_dynamo_table):
     twin = copy.deepcopy(gm)
     torch.testing.assert_close(twin(x), f(x))
     # the copy binds a table of its own, as the original does
-    assert runtime.state(twin)["table"] is not None
-    assert runtime.state(twin)["table"] is not runtime.state(gm)["table"]
+    assert runtime.table_of(twin) is not None
+    assert runtime.table_of(twin) is not runtime.table_of(gm)
     buf = io.BytesIO()
     torch.save(gm, buf)
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
     torch.testing.assert_close(loaded(x), f(x))
-    assert runtime.state(loaded)["table"] is not None  # it bound a table of its own too
+    assert runtime.table_of(loaded) is not None  # it bound a table of its own too
     # unpickling re-traces the code: every sync must come back (none run at trace time)
     assert _sync_args(loaded) == _sync_args(gm) and sp.verify(loaded).ok
     twice = torch.load(io.BytesIO(_saved(loaded)), weights_only=False)
