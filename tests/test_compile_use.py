@@ -1163,6 +1163,23 @@ def test_a_warm_process_takes_the_backward_of_a_forward_with_wait_stream_from_th
 
 
 @pytest.mark.slow
+def test_training_loop_warm_on_a_fresh_machine_from_saved_cache_artifacts(tmp_path):
+    """torch's portable caches (``torch.compiler.save_cache_artifacts`` after a cold run, loaded
+    into an empty cache folder by a new process, as a job warms a fresh machine): the warm
+    process takes both graphs from them, StreamPass has nothing to compile, and the cached code
+    runs the same syncs and trains as eager does."""
+    artifacts = tmp_path / "artifacts.bin"
+    cold = job("training_job.py", "enabled", "two_branch", f"save={artifacts}", cache=str(tmp_path / "a"))
+    warm = job("training_job.py", "enabled", "two_branch", f"load={artifacts}", cache=str(tmp_path / "b"))
+    eager = _job("eager", str(tmp_path / "c"))
+    assert [r[0] for r in cold["reports"]] == ["forward", "backward"] and all(r[3] for r in cold["reports"])
+    assert warm["reports"] == [] and warm["fx_hit"] == 2 and warm["fx_miss"] == 0
+    assert warm["losses"] == pytest.approx(eager["losses"], rel=1e-5)
+    assert warm["checksum"] == pytest.approx(eager["checksum"], rel=1e-5)
+    assert warm["syncs"] == cold["syncs"] > 0
+
+
+@pytest.mark.slow
 def test_training_loop_after_enable(tmp_path):
     run = _job("enable", str(tmp_path / "cache"))
     eager = _job("eager", str(tmp_path / "cache"))

@@ -1,6 +1,6 @@
 """A training loop as people write it, run in its own process by tests/test_compile_use.py.
 
-``python tests/training_job.py {enabled|enable|auto|eager} [two_branch|wait_stream]`` trains a
+``python tests/training_job.py {enabled|enable|auto|eager} [two_branch|wait_stream] [save=F|load=F]`` trains a
 small model (:class:`TwoBranch`, the default, or :class:`WaitStream`) for
 three steps under ``torch.compile`` with torch's default caches (the caller points
 ``TORCHINDUCTOR_CACHE_DIR`` at a fresh folder) and prints one JSON line: the losses, a
@@ -14,6 +14,10 @@ the compiled code ran, and what StreamPass reported.
   nodes the model left on the ambient stream (every aten kernel priced at 100 us, so that
   side streams pay on this small model).
 * ``eager``: the same loop without ``torch.compile`` (the reference).
+
+``save=F`` writes torch's cache artifacts (``torch.compiler.save_cache_artifacts``) to the file
+``F`` after the loop; ``load=F`` loads them (``load_cache_artifacts``) before it, as a job does
+on a fresh machine.
 """
 
 from __future__ import annotations
@@ -78,7 +82,11 @@ class WaitStream(torch.nn.Module):
             return self.o(a + b).pow(2).mean()
 
 
-def main(mode: str, model_name: str = "two_branch") -> dict:
+def main(mode: str, model_name: str = "two_branch", artifacts: str = "") -> dict:
+    action, _, path = artifacts.partition("=")
+    if action == "load":
+        with open(path, "rb") as f:
+            assert torch.compiler.load_cache_artifacts(f.read()) is not None
     torch.manual_seed(0)
     stream = CpuStream if mode == "eager" else torch.Stream
     model = WaitStream(stream) if model_name == "wait_stream" else TwoBranch()
@@ -103,6 +111,11 @@ def main(mode: str, model_name: str = "two_branch") -> dict:
         loss.backward()  # outside the block: the backward compiles here, lazily
         opt.step()
         losses.append(loss.item())
+    if action == "save":
+        saved = torch.compiler.save_cache_artifacts()
+        assert saved is not None
+        with open(path, "wb") as f:
+            f.write(saved[0])
     from torch._dynamo.utils import counters
 
     return {
