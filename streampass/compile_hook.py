@@ -179,9 +179,42 @@ def _stamping(inner_compile: Callable, offset: int) -> Callable:
         _stamp(gm, offset)
         if isinstance(gm, torch.fx.GraphModule) and not kwargs.get("is_backward", False):
             keep_shared_saved_tensors(gm)
-        return inner_compile(gm, *args, **kwargs)
+        with _in_process():
+            return inner_compile(gm, *args, **kwargs)
 
     return compile_with_key
+
+
+@contextlib.contextmanager
+def _in_process() -> Iterator[None]:
+    """Compile in this process, whatever ``TORCHINDUCTOR_FX_COMPILE_MODE`` says. Its out-of-process
+    modes (``subprocess``, with ``async+``/``progressive+``) send the worker inductor's config
+    without any post-grad custom pass (torch's ``config._save_config_ignore``): the graph would
+    compile without StreamPass, with no syncs on a GPU (on CPU the code fails: ``stream1`` is not
+    defined)."""
+    from torch._inductor import compile_fx as module
+
+    if getattr(module, "fx_compile_mode", None) != getattr(module, "FxCompileMode", object).SUBPROCESS:
+        yield
+        return
+    from streampass.errors import StreamPassWarning
+
+    warnings.warn(
+        StreamPassWarning(
+            "TORCHINDUCTOR_FX_COMPILE_MODE compiles out of process, where inductor drops post-grad custom "
+            "passes: graphs compiled with StreamPass are compiled in this process instead"
+        ),
+        stacklevel=1,  # this line: the default filter then says it once per process
+    )
+    names = ("fx_compile_mode", "fx_compile_async", "fx_compile_progressive")
+    saved = {name: getattr(module, name) for name in names if hasattr(module, name)}
+    module.fx_compile_mode = module.FxCompileMode.NORMAL
+    module.fx_compile_async = module.fx_compile_progressive = False
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def _scope_of_this_compile() -> Callable[[Any], Any] | None:

@@ -1188,6 +1188,34 @@ def test_training_loop_after_enable(tmp_path):
     assert run["syncs"] > 0
 
 
+def test_an_out_of_process_compile_mode_still_compiles_with_streampass(monkeypatch):
+    """``TORCHINDUCTOR_FX_COMPILE_MODE=subprocess`` (read once, into ``compile_fx.fx_compile_mode``)
+    sends the compile worker inductor's config without post-grad custom passes: the annotated
+    graph compiled without StreamPass (on CPU: ``NameError: name 'stream1' is not defined``; on a
+    GPU it would run with no syncs). Compiles with StreamPass stay in process, with a warning,
+    forward and backward; the mode is put back after each."""
+    from torch._inductor import compile_fx
+
+    monkeypatch.setattr(compile_fx, "fx_compile_mode", compile_fx.FxCompileMode.SUBPROCESS)
+    args_e = [torch.randn(8, 8, requires_grad=True) for _ in range(3)]
+    args_c = [t.detach().clone().requires_grad_() for t in args_e]
+    want = s_branches(*args_e)
+    want.sum().backward()
+    p = sp.StreamPass(keep_graphs=True)
+    before = sum(spi.RUNTIME_SYNCS.values())
+    with pytest.warns(sp.StreamPassWarning, match="compiled in this process"):
+        with spi.enabled(p):
+            got = torch.compile(s_branches)(*args_c)
+        got.sum().backward()
+    torch.testing.assert_close(got, want)
+    for c, e in zip(args_c, args_e):
+        torch.testing.assert_close(c.grad, e.grad)
+    assert [r.graph for r in p.reports] == ["forward", "backward"]
+    assert all(sp.verify(r.verified_graph).ok for r in p.reports)
+    assert sum(spi.RUNTIME_SYNCS.values()) - before >= sum(planned_syncs(r.verified_graph) for r in p.reports)
+    assert compile_fx.fx_compile_mode == compile_fx.FxCompileMode.SUBPROCESS
+
+
 def test_compiled_autograd_runs_the_backward_right_on_one_stream():
     """Compiled autograd copies the AOT backward's nodes, stream annotations included, into its
     own graph, but dynamo re-traces that graph and drops them (torch 2.13): the backward
