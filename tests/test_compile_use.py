@@ -1188,6 +1188,32 @@ def test_training_loop_after_enable(tmp_path):
     assert run["syncs"] > 0
 
 
+def test_standalone_compile_of_a_dynamo_graph_and_its_saved_artifact_run_the_syncs(tmp_path):
+    """``torch._inductor.standalone_compile`` (how serving engines precompile the graphs dynamo
+    hands their backend) under ``enabled()``, then the artifact saved and loaded again: both
+    run every sync the pass planned and compute what the function does."""
+    graphs = []
+
+    def grab(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    args = [torch.randn(8, 8) for _ in range(3)]
+    torch.compile(s_branches, backend=grab)(*args)
+    p = sp.StreamPass(keep_graphs=True)
+    with spi.enabled(p):
+        artifact = torch._inductor.standalone_compile(graphs[0], list(args), dynamic_shapes="from_example_inputs")
+    (r,) = p.reports
+    assert r.streams == [0, 1, 2] and sp.verify(r.verified_graph).ok
+    artifact.save(path=str(tmp_path / "artifact.bin"), format="binary")
+    loaded = torch._inductor.CompiledArtifact.load(path=str(tmp_path / "artifact.bin"), format="binary")
+    for compiled in (artifact, loaded):
+        before = sum(spi.RUNTIME_SYNCS.values())
+        (got,) = compiled(*args)
+        torch.testing.assert_close(got, s_branches(*args))
+        assert sum(spi.RUNTIME_SYNCS.values()) - before >= planned_syncs(r.verified_graph)
+
+
 def test_an_out_of_process_compile_mode_still_compiles_with_streampass(monkeypatch):
     """``TORCHINDUCTOR_FX_COMPILE_MODE=subprocess`` (read once, into ``compile_fx.fx_compile_mode``)
     sends the compile worker inductor's config without post-grad custom passes: the annotated
