@@ -53,7 +53,7 @@ _everywhere: Callable[[Any], Any] | None = None  # the process-wide scope (enabl
 #: code object -> (its scope, dynamo's state dict for the code when the scope was recorded)
 _frames: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _holds_pass: Callable[[Any], bool] = lambda config_value: False  # set by install()
-_state = threading.local()  # .active: inside a hooked compile (compile_fx calls itself)
+_state = threading.local()  # .active: inside a hooked compile (compile_fx calls itself); .captured
 
 
 def stream_key(gm: torch.fx.GraphModule, offset: int = 0) -> tuple:
@@ -134,16 +134,20 @@ def install(holds_pass: Callable[[Any], bool]) -> None:
         elif not _holds_pass(patches.get(KEY, getattr(config, KEY))):
             return original(*args, **kwargs)
         _warn_if_in_eager_block()
-        offset = forward_offset()
-        _stamp(call.arguments["model_"], offset)
-        call.arguments["inner_compile"] = _stamping(call.arguments["inner_compile"], offset)
-        call.arguments["config_patches"] = patches or None
-        _state.active = True
+        # dynamo's precompile (``torch.compile(f).aot_compile(...)``) calls the backend right
+        # after capturing the frame, outside its tracer, with the graph marked by a backend id:
+        # the object table still holds that frame's objects
+        _state.captured = hasattr(call.arguments["model_"], "_backend_id")
         try:
+            offset = forward_offset()
+            _stamp(call.arguments["model_"], offset)
+            call.arguments["inner_compile"] = _stamping(call.arguments["inner_compile"], offset)
+            call.arguments["config_patches"] = patches or None
+            _state.active = True
             with cpu_safe_aot():  # a recompile after the block still needs the CPU guard
                 return original(*call.args, **call.kwargs)
         finally:
-            _state.active = False
+            _state.active = _state.captured = False
 
     compile_fx._streampass_hook = True
     module.compile_fx = compile_fx
@@ -260,8 +264,9 @@ def _scope_continued(code) -> Callable[[Any], Any] | None:
 
 
 def compiling_frame() -> bool:
-    """Whether dynamo is compiling a frame now (its object table holds that frame's objects)."""
-    return _frame()[0] is not None
+    """Whether dynamo is compiling a frame now (its object table holds that frame's objects):
+    tracing it, or compiling what its precompile (``aot_compile``) just captured."""
+    return _frame()[0] is not None or getattr(_state, "captured", False)
 
 
 def _frame() -> tuple[Any, Any]:

@@ -940,6 +940,29 @@ def test_first_user_stream_is_a_side_stream_on_cpu(caplog):
     assert r.hazards_before.get("exit", 0) >= 2
 
 
+@pytest.mark.skipif(not hasattr(torch.compile(abs), "aot_compile"), reason="no aot_compile before torch 2.12")
+@pytest.mark.parametrize("fn", [two_user_streams, s_branches], ids=["torch.Stream", "sp.stream"])
+def test_a_precompiled_function_keeps_its_streams_and_its_loaded_copy_runs_the_syncs(fn, tmp_path):
+    """dynamo's precompile (``torch.compile(f, fullgraph=True).aot_compile(...)``, saved and
+    loaded with ``torch.compiler.load_compiled_function``) calls the backend after capturing the
+    frame, outside dynamo's tracer: the user's first ``torch.Stream`` was read as the ambient
+    stream on CPU (streams [0, 1] for two user streams), folding it in with no overlap planned."""
+    args = (torch.randn(4),) if fn is two_user_streams else tuple(torch.randn(8, 8) for _ in range(3))
+    p = sp.StreamPass(keep_graphs=True)
+    with spi.enabled(p):
+        compiled = torch.compile(fn, fullgraph=True).aot_compile((args, {}))
+    (r,) = p.reports
+    assert r.streams == [0, 1, 2] and sp.verify(r.verified_graph).ok
+    assert r.indices == ("dynamo+1" if fn is two_user_streams else "dynamo")
+    compiled.save_compiled_function(str(tmp_path / "f.bin"))
+    with open(tmp_path / "f.bin", "rb") as f:
+        loaded = torch.compiler.load_compiled_function(f, f_globals=globals())
+    for call in (compiled, loaded):
+        before = sum(spi.RUNTIME_SYNCS.values())
+        torch.testing.assert_close(call(*args), fn(*args))
+        assert sum(spi.RUNTIME_SYNCS.values()) - before >= planned_syncs(r.verified_graph)
+
+
 def test_sp_stream_indices_are_read_as_they_are():
     p, _ = compile_and_compare(s_branches, *[torch.randn(8, 8) for _ in range(3)])
     assert [r.indices for r in p.reports] == ["dynamo"] and p.reports[0].streams == [0, 1, 2]
