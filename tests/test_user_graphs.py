@@ -134,18 +134,21 @@ def test_threads_calling_one_rewritten_graph_at_once_never_share_an_event(monkey
     on events of its own."""
     users: dict[int, set[int]] = collections.defaultdict(set)  # id(event) -> threads using it
 
-    def spy(op):
-        def used(self, stream=None):
-            users[id(self)].add(threading.get_ident())
-            return op(self, stream)
+    def spy(op, event_is_self: bool):
+        def used(self, other=None):
+            users[id(self if event_is_self else other)].add(threading.get_ident())
+            return op(self, other)
 
         return used
 
     x, w = torch.randn(8, 8), torch.randn(8, 8)
     gm = make_fx(_two_branches)(x, w)
     assert sp.run(gm).ok
-    monkeypatch.setattr(runtime.NoOpEvent, "record", spy(runtime.NoOpEvent.record))
-    monkeypatch.setattr(runtime.NoOpEvent, "wait", spy(runtime.NoOpEvent.wait))
+    # torch 2.12 on calls event.record(stream) / event.wait(stream); 2.11 stream.record_event(event)
+    for cls, name in [(runtime.NoOpEvent, "record"), (runtime.NoOpEvent, "wait")]:
+        monkeypatch.setattr(cls, name, spy(getattr(cls, name), event_is_self=True))
+    for cls, name in [(runtime.NoOpStream, "record_event"), (runtime.NoOpStream, "wait_event")]:
+        monkeypatch.setattr(cls, name, spy(getattr(cls, name), event_is_self=False))
     fn = gm if call == "gm(x)" else gm.forward
     start, failures, want = threading.Barrier(4), [], _two_branches(x, w)
 
