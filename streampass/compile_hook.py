@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 import threading
 import warnings
 import weakref
@@ -134,10 +135,7 @@ def install(holds_pass: Callable[[Any], bool]) -> None:
         elif not _holds_pass(patches.get(KEY, getattr(config, KEY))):
             return original(*args, **kwargs)
         _warn_if_in_eager_block()
-        # dynamo's precompile (``torch.compile(f).aot_compile(...)``) calls the backend right
-        # after capturing the frame, outside its tracer, with the graph marked by a backend id:
-        # the object table still holds that frame's objects
-        _state.captured = hasattr(call.arguments["model_"], "_backend_id")
+        _state.captured = _in_precompile()
         try:
             offset = forward_offset()
             _stamp(call.arguments["model_"], offset)
@@ -189,6 +187,26 @@ def _stamping(inner_compile: Callable, offset: int) -> Callable:
     return compile_with_key
 
 
+def _in_precompile() -> bool:
+    """Whether dynamo's precompile (``torch.compile(f).aot_compile(...)``) is compiling on this
+    thread: it calls the backend right after capturing the frame, outside dynamo's tracer, so
+    the object table still holds that frame's objects."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "aot_compile_fullgraph" and frame.f_globals.get("__name__") == "torch._dynamo.aot_compile":
+            return True
+        frame = frame.f_back
+    return False
+
+
+# torch's out-of-process switch is a module global: threads compiling with StreamPass at once
+# share one override, put back by the last one out
+_in_process_lock = threading.Lock()
+_in_process_saved: dict[str, Any] = {}  # torch's values of the globals while overridden
+_in_process_users = 0
+
+
 @contextlib.contextmanager
 def _in_process() -> Iterator[None]:
     """Compile in this process, whatever ``TORCHINDUCTOR_FX_COMPILE_MODE`` says. Its out-of-process
@@ -196,9 +214,21 @@ def _in_process() -> Iterator[None]:
     without any post-grad custom pass (torch's ``config._save_config_ignore``): the graph would
     compile without StreamPass, with no syncs on a GPU (on CPU the code fails: ``stream1`` is not
     defined)."""
+    global _in_process_users
     from torch._inductor import compile_fx as module
 
-    if getattr(module, "fx_compile_mode", None) != getattr(module, "FxCompileMode", object).SUBPROCESS:
+    subprocess = getattr(getattr(module, "FxCompileMode", None), "SUBPROCESS", None)
+    with _in_process_lock:
+        # another thread's override holds: this compile must keep it until it is done too
+        overriding = _in_process_users > 0 or (subprocess is not None and module.fx_compile_mode == subprocess)
+        if overriding:
+            if not _in_process_users:
+                names = ("fx_compile_mode", "fx_compile_async", "fx_compile_progressive")
+                _in_process_saved.update({name: getattr(module, name) for name in names if hasattr(module, name)})
+                module.fx_compile_mode = module.FxCompileMode.NORMAL
+                module.fx_compile_async = module.fx_compile_progressive = False
+            _in_process_users += 1
+    if not overriding:
         yield
         return
     from streampass.errors import StreamPassWarning
@@ -210,15 +240,15 @@ def _in_process() -> Iterator[None]:
         ),
         stacklevel=1,  # this line: the default filter then says it once per process
     )
-    names = ("fx_compile_mode", "fx_compile_async", "fx_compile_progressive")
-    saved = {name: getattr(module, name) for name in names if hasattr(module, name)}
-    module.fx_compile_mode = module.FxCompileMode.NORMAL
-    module.fx_compile_async = module.fx_compile_progressive = False
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
+        with _in_process_lock:
+            _in_process_users -= 1
+            if not _in_process_users:
+                for name, value in _in_process_saved.items():
+                    setattr(module, name, value)
+                _in_process_saved.clear()
 
 
 def _scope_of_this_compile() -> Callable[[Any], Any] | None:

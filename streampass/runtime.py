@@ -288,11 +288,12 @@ def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> 
     """
     install_object_fallback()
     record = state(gm)
-    if record["table"] is None:
-        record["table"] = _TablePerThread()
-    t = record["table"].table
+    per_thread = record["table"]  # read once: run() may reset it in another thread
+    if per_thread is None:
+        per_thread = record["table"] = _TablePerThread()
+    t = per_thread.table
     if t is None or (device is not None and torch.device(device) != t.device):
-        t = record["table"].table = StreamTable.for_graph(gm, device)
+        t = per_thread.table = StreamTable.for_graph(gm, device)
     tables, entries = _bound_tables(), t.entries()
     tables.append(entries)
     try:

@@ -985,6 +985,21 @@ def test_a_compile_outside_dynamo_reads_its_own_indices_whatever_dynamo_compiled
     assert compiled_outside_dynamo() == [([0, 1], "dynamo")]
 
 
+@torch._dynamo.config.patch(caching_precompile=True)
+def test_a_dynamo_graph_compiled_later_reads_its_own_indices_whatever_dynamo_traced_since():
+    """A graph a backend kept, compiled later (after dynamo traced a frame with user streams):
+    with ``caching_precompile`` dynamo marks every graph with the backend id its precompile
+    marks its own with, and reading that mark as "the table is this graph's" moved the graph's
+    indices up ([0, 2, 3], "dynamo+1"). Only a compile inside the precompile trusts the table."""
+    graphs, args = [], [torch.randn(8, 8) for _ in range(3)]
+    torch.compile(s_branches, backend=lambda gm, example_inputs: graphs.append(gm) or gm)(*args)
+    torch.compile(two_user_streams, backend="eager")(torch.randn(4))  # index 0 of the table: a user stream
+    p = sp.StreamPass()
+    with spi.enabled(p):
+        torch._inductor.compile_fx.compile_fx(graphs[0], list(args))
+    assert [(r.streams, r.indices) for r in p.reports] == [([0, 1, 2], "dynamo")]
+
+
 def sp0_inside_a_user_stream(x):
     with S1:
         a = x.sin()
@@ -1263,6 +1278,26 @@ def test_an_out_of_process_compile_mode_still_compiles_with_streampass(monkeypat
     assert all(sp.verify(r.verified_graph).ok for r in p.reports)
     assert sum(spi.RUNTIME_SYNCS.values()) - before >= sum(planned_syncs(r.verified_graph) for r in p.reports)
     assert compile_fx.fx_compile_mode == compile_fx.FxCompileMode.SUBPROCESS
+
+
+def test_threads_overlapping_in_the_out_of_process_override_keep_it_until_the_last_is_done(monkeypatch):
+    """torch's out-of-process switch is a module global. Two compiles with StreamPass in two
+    threads: the second starts while the first's override holds (it sees the in-process mode)
+    and must keep it after the first is done, or it compiles out of process without StreamPass."""
+    from torch._inductor import compile_fx
+
+    from streampass import compile_hook
+
+    SUBPROCESS, NORMAL = compile_fx.FxCompileMode.SUBPROCESS, compile_fx.FxCompileMode.NORMAL
+    monkeypatch.setattr(compile_fx, "fx_compile_mode", SUBPROCESS)
+    first, second = compile_hook._in_process(), compile_hook._in_process()
+    with pytest.warns(sp.StreamPassWarning):
+        first.__enter__()
+    second.__enter__()  # the other thread, started inside the first's override
+    first.__exit__(None, None, None)
+    assert compile_fx.fx_compile_mode == NORMAL
+    second.__exit__(None, None, None)
+    assert compile_fx.fx_compile_mode == SUBPROCESS
 
 
 def test_compiled_autograd_runs_the_backward_right_on_one_stream():

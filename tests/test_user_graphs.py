@@ -133,10 +133,13 @@ def test_threads_calling_one_rewritten_graph_at_once_never_share_an_event(monkey
     thread see another thread's record, not its own producer's: each thread must record and wait
     on events of its own."""
     users: dict[int, set[int]] = collections.defaultdict(set)  # id(event) -> threads using it
+    alive = []  # every event seen, so that no id is reused by a later thread's event
 
     def spy(op, event_is_self: bool):
         def used(self, other=None):
-            users[id(self if event_is_self else other)].add(threading.get_ident())
+            event = self if event_is_self else other
+            alive.append(event)
+            users[id(event)].add(threading.get_ident())
             return op(self, other)
 
         return used
