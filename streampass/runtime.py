@@ -74,9 +74,8 @@ class NoOpStream(torch.Stream):
 # --------------------------------------------------------------------------------------------
 # Objects for indices nobody registered (compiled graphs, and copies that lost their hooks)
 # --------------------------------------------------------------------------------------------
-# One set per thread: the ops of one graph call all run in the thread that called it, and two
-# threads calling compiled graphs at once (a server's request threads, each on a stream of its
-# own) must not record and wait on one event: a wait would see the other thread's record.
+# One set per thread: a graph call's ops all run in its thread, and two threads calling at once
+# (request threads, each on a stream of its own) must not share an event: a wait would see the other's record.
 _fallback = threading.local()  # .objects: (device, index) -> object
 
 
