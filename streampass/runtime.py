@@ -74,15 +74,22 @@ class NoOpStream(torch.Stream):
 # --------------------------------------------------------------------------------------------
 # Objects for indices nobody registered (compiled graphs, and copies that lost their hooks)
 # --------------------------------------------------------------------------------------------
-# One set per thread: a graph call's ops all run in its thread, and two threads calling at once
-# (request threads, each on a stream of its own) must not share an event: a wait would see the other's record.
-_fallback = threading.local()  # .objects: (device, index) -> object
+class _ThreadState(threading.local):
+    """What one thread's graph calls use: a call's ops all run in its thread, and two threads
+    calling at once (request threads, each on a stream of its own) must not share an event: a
+    wait would see the other's record."""
+
+    def __init__(self):
+        self.objects: dict = {}  # (device, index) -> fallback object
+        self.tables: list = []  # index -> object of each graph being called, innermost last
+        self.opened = weakref.WeakKeyDictionary()  # module -> its open binds (forward hooks), innermost last
+
+
+_thread = _ThreadState()
 
 
 def _fallback_object(index: int):
-    objects = getattr(_fallback, "objects", None)
-    if objects is None:
-        objects = _fallback.objects = {}
+    objects = _thread.objects
     acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     device = (
         torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
@@ -102,14 +109,6 @@ def _fallback_object(index: int):
 
 # dynamo's own lookup, kept before install_object_fallback replaces the names it is known by
 _DYNAMO_LOOKUP = getattr(table.get_external_object_by_index, "__wrapped_dynamo__", table.get_external_object_by_index)
-_bound = threading.local()  # .tables: index -> object of each graph being called, innermost last; .opened
-
-
-def _bound_tables() -> list:
-    tables = getattr(_bound, "tables", None)
-    if tables is None:
-        tables = _bound.tables = []
-    return tables
 
 
 def lookup(index: int):
@@ -124,7 +123,7 @@ def lookup(index: int):
     >>> type(lookup(EVENT_BASE + 7)).__name__, lookup(EVENT_BASE + 7) is lookup(EVENT_BASE + 7)
     ('NoOpEvent', True)
     """
-    for entries in reversed(_bound_tables()):
+    for entries in reversed(_thread.tables):
         obj = entries.get(index)
         if obj is not None:
             return obj
@@ -293,7 +292,7 @@ def bind(gm: torch.fx.GraphModule, device: torch.device | str | None = None) -> 
     t = per_thread.table
     if t is None or (device is not None and torch.device(device) != t.device):
         t = per_thread.table = StreamTable.for_graph(gm, device)
-    tables, entries = _bound_tables(), t.entries()
+    tables, entries = _thread.tables, t.entries()
     tables.append(entries)
     try:
         yield t
@@ -347,21 +346,14 @@ def _rebuild_installed(rebuild, args, external_events, streams=None) -> torch.fx
 
 
 # Module-level hooks (not closures), so a graph with them can be deep-copied and pickled.
-def _open_binds() -> weakref.WeakKeyDictionary:  # module -> this thread's open binds, innermost last
-    opened = getattr(_bound, "opened", None)
-    if opened is None:
-        opened = _bound.opened = weakref.WeakKeyDictionary()
-    return opened
-
-
 def _bind_before_call(module, args) -> None:
     es = contextlib.ExitStack()
     es.enter_context(bind(module))
-    _open_binds().setdefault(module, []).append(es)
+    _thread.opened.setdefault(module, []).append(es)
 
 
 def _unbind_after_call(module, args, output) -> None:
-    stack = _open_binds().get(module)
+    stack = _thread.opened.get(module)
     if stack:
         stack.pop().close()
 
