@@ -15,14 +15,15 @@ looks up indices streampass allocated that dynamo never registered: for both,
 an index dynamo has no entry for with an object of the calling thread's own (index 0 the current
 stream, an index ``>= EVENT_BASE`` an event, any other a side stream). :func:`install` turns it on.
 
-On CPU, torch's events cannot be recorded, so CPU graphs get :class:`NoOpEvent` and
-:class:`NoOpStream` (subclasses, so the ops' type checks pass); every sync is then a no-op
-and results equal the original graph's bit for bit.
+On CPU, torch's events cannot be recorded, so CPU graphs get the no-op objects of
+:mod:`streampass.cpu_objects`: every sync is then a no-op and results equal the original graph's
+bit for bit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections.abc import Iterator
@@ -33,42 +34,10 @@ from torch._dynamo import graph_bytecode_inputs as table
 
 from streampass import values
 from streampass.analysis.reading import read_streams
+from streampass.cpu_objects import NoOpEvent, NoOpStream
 from streampass.ops import AMBIENT
 from streampass.transform import saved_streams
 from streampass.transform.plan import EVENT_BASE
-
-
-class NoOpEvent(torch.Event):
-    """An event for devices without events (CPU): recording and waiting do nothing."""
-
-    def record(self, stream=None) -> None:
-        pass
-
-    def wait(self, stream=None) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-
-class NoOpStream(torch.Stream):
-    """A stream for devices without streams (CPU): waiting does nothing."""
-
-    def record_event(self, event=None):
-        # torch's own would refuse a NoOpEvent on torch 2.11 ("expected event to be a torch.Event")
-        return event if event is not None else NoOpEvent("cpu")
-
-    def wait_stream(self, stream) -> None:
-        pass
-
-    def wait_event(self, event) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,23 +57,27 @@ class _ThreadState(threading.local):
 _thread = _ThreadState()
 
 
+# The process's accelerator (None: CPU only), asked once: its device count does not change, and
+# asking costs 1.5 µs a sync on a CUDA build without a GPU (benchmarks/sync_lookup.py).
+_accelerator = functools.cache(lambda: torch.accelerator.current_accelerator(check_available=True))
+
+
 def _fallback_object(index: int):
     objects = _thread.objects
-    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    device = (
-        torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
-    )
-    if device.type == "cpu":
-        key = ("cpu", index)
-        if key not in objects:
-            objects[key] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
-        return objects[key]
+    acc = _accelerator()
+    if acc is None:
+        obj = objects.get(("cpu", index))
+        if obj is None:
+            obj = objects[("cpu", index)] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
+        return obj
+    key = (acc.type, torch.accelerator.current_device_index(), index)
     if index == AMBIENT:
-        return torch.accelerator.current_stream(device)
-    key = (str(device), index)
-    if key not in objects:
-        objects[key] = torch.Event(device) if index >= EVENT_BASE else torch.Stream(device)
-    return objects[key]
+        return torch.accelerator.current_stream(torch.device(*key[:2]))
+    obj = objects.get(key)
+    if obj is None:
+        device = torch.device(*key[:2])
+        obj = objects[key] = torch.Event(device) if index >= EVENT_BASE else torch.Stream(device)
+    return obj
 
 
 # dynamo's own lookup, kept before install_object_fallback replaces the names it is known by
@@ -127,12 +100,22 @@ def lookup(index: int):
         obj = entries.get(index)
         if obj is not None:
             return obj
+    if isinstance(index, int) and index >= 0 and _not_in_dynamo_table(index):
+        return _fallback_object(index)  # without raising first: compiled code asks at every sync
     try:
         return _DYNAMO_LOOKUP(index)
     except AssertionError as e:
         if "not registered" not in str(e) or not isinstance(index, int) or index < 0:
             raise
     return _fallback_object(index)
+
+
+def _not_in_dynamo_table(index: int) -> bool:
+    """Would dynamo's lookup refuse ``index`` as not registered? (Its table: a dict, a list in 2.15.)"""
+    refs = getattr(table, "index_to_external_object_weakref", None)
+    if isinstance(refs, dict):
+        return index not in refs
+    return isinstance(refs, list) and index >= len(refs)
 
 
 def install_object_fallback() -> None:
