@@ -100,3 +100,18 @@ def test_gpu_assign_dry_run_compiles_both_ways_and_reads_the_prediction(tmp_path
     for r in rows:
         assert r["results_match"] and r["side_streams"] >= 1, r
         assert r["predicted_speedup"] > 1 and r["one_stream_s"] > 0 and r["auto_s"] > 0, r
+
+
+def test_sync_lookup_times_each_lookup_and_checks_its_answer(tmp_path, capsys):
+    """benchmarks/sync_lookup.py with a few calls: every lookup it times answered the object it
+    must (the script asserts it), the baseline is its first row (timings are not checked)."""
+    import json
+
+    import sync_lookup
+
+    out = tmp_path / "lookup.json"
+    assert sync_lookup.main(["--number", "10", "--repeat", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["lookup"].endswith("(baseline)") and rows[0]["ratio"] == 1
+    assert len(rows) == 5 and all(r["us"] > 0 for r in rows)
+    assert "own event (EVENT_BASE + 7)" in capsys.readouterr().out
