@@ -8,9 +8,9 @@ generated code calls ``graph_bytecode_inputs.get_external_object_by_index`` (tor
 routes through :func:`streampass.runtime.lookup`. The indices streampass allocates (events from
 ``EVENT_BASE``, ``sp.stream`` side streams) are not in dynamo's table and get the calling
 thread's own objects. The baseline, in the same run, is dynamo's own lookup of an object it
-registered (what every compiled program with a user ``torch.Stream`` pays). Printed: median
-microseconds per lookup (best of ``--repeat`` runs of ``--number`` calls) and the ratio to the
-baseline. No timed unit test: tests/test_benchmarks.py only checks the script runs and each
+registered (what every compiled program with a user ``torch.Stream`` pays). Printed:
+microseconds per lookup (the best of ``--repeat`` runs of ``--number`` calls) and the ratio to
+the baseline. No timed unit test: tests/test_benchmarks.py only checks the script runs and each
 lookup answers the right object.
 """
 
