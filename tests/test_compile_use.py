@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import shutil
 import warnings
 
 import pytest
@@ -1120,7 +1121,9 @@ def test_user_syncs_inside_a_checkpointed_block_fail_in_torch_not_in_streampass(
     if torch_says is None:
         compile_and_compare(fn, *inputs, training=True, eager=same)
         return
-    assert "failed to partition" in torch_says
+    # Without Graphviz's `dot`, torch's failure report trips over its own drawing first (it draws
+    # the min cut with pydot, which streampass installs): torch's message, under streampass too.
+    assert "failed to partition" in torch_says or ("dot" in torch_says and shutil.which("dot") is None)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as raised:
         compile_and_compare(fn, *inputs, training=True, eager=same)
     assert str(raised.value).splitlines()[1] == torch_says
