@@ -23,7 +23,6 @@ bit for bit.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import weakref
 from collections.abc import Iterator
@@ -57,27 +56,23 @@ class _ThreadState(threading.local):
 _thread = _ThreadState()
 
 
-# The process's accelerator (None: CPU only), asked once: its device count does not change, and
-# asking costs 1.5 µs a sync on a CUDA build without a GPU (benchmarks/sync_lookup.py).
-_accelerator = functools.cache(lambda: torch.accelerator.current_accelerator(check_available=True))
-
-
 def _fallback_object(index: int):
     objects = _thread.objects
-    acc = _accelerator()
-    if acc is None:
-        obj = objects.get(("cpu", index))
-        if obj is None:
-            obj = objects[("cpu", index)] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
-        return obj
-    key = (acc.type, torch.accelerator.current_device_index(), index)
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    device = (
+        torch.device(acc.type, torch.accelerator.current_device_index()) if acc is not None else torch.device("cpu")
+    )
+    if device.type == "cpu":
+        key = ("cpu", index)
+        if key not in objects:
+            objects[key] = NoOpEvent("cpu") if index >= EVENT_BASE else NoOpStream("cpu")
+        return objects[key]
     if index == AMBIENT:
-        return torch.accelerator.current_stream(torch.device(*key[:2]))
-    obj = objects.get(key)
-    if obj is None:
-        device = torch.device(*key[:2])
-        obj = objects[key] = torch.Event(device) if index >= EVENT_BASE else torch.Stream(device)
-    return obj
+        return torch.accelerator.current_stream(device)
+    key = (str(device), index)
+    if key not in objects:
+        objects[key] = torch.Event(device) if index >= EVENT_BASE else torch.Stream(device)
+    return objects[key]
 
 
 # dynamo's own lookup, kept before install_object_fallback replaces the names it is known by
@@ -100,22 +95,15 @@ def lookup(index: int):
         obj = entries.get(index)
         if obj is not None:
             return obj
-    if isinstance(index, int) and index >= 0 and _not_in_dynamo_table(index):
-        return _fallback_object(index)  # without raising first: compiled code asks at every sync
+    # Compiled code calls this under dynamo's frame hook, which skips this frame only while it sees
+    # nothing tensor-related here; a frame it compiles resets dynamo's object table under the running
+    # one. So no reading of that table here (docs/benchmarks.md, sync lookup): ask dynamo's lookup.
     try:
         return _DYNAMO_LOOKUP(index)
     except AssertionError as e:
         if "not registered" not in str(e) or not isinstance(index, int) or index < 0:
             raise
     return _fallback_object(index)
-
-
-def _not_in_dynamo_table(index: int) -> bool:
-    """Would dynamo's lookup refuse ``index`` as not registered? (Its table: a dict, a list in 2.15.)"""
-    refs = getattr(table, "index_to_external_object_weakref", None)
-    if isinstance(refs, dict):
-        return index not in refs
-    return isinstance(refs, list) and index >= len(refs)
 
 
 def install_object_fallback() -> None:
