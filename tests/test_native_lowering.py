@@ -177,6 +177,29 @@ def test_no_kernel_reads_another_streams_buffer_before_its_wait(fresh_caches, mo
     assert unwaited_reads(code) == []
 
 
+#: inductor settings that change what its scheduler fuses and reorders after the post-grad passes
+SCHEDULER_SETTINGS = {
+    "no_reordering": {"reorder_for_locality": False, "reorder_for_peak_memory": False},
+    "aggressive_fusion": {"aggressive_fusion": True},
+    "combo_kernels": {"combo_kernels": True, "epilogue_fusion": False, "max_fusion_size": 2},
+    "comm_overlap": {"reorder_for_compute_comm_overlap": True},
+}
+
+
+@pytest.mark.parametrize("setting", sorted(SCHEDULER_SETTINGS))
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_inductors_fusion_and_reordering_settings_keep_every_wait_before_its_reads(
+    fresh_caches, monkeypatch, name, setting
+):
+    """The ordering StreamPass encodes holds whatever the scheduler is told to fuse or reorder
+    (the corpus under each setting found no unwaited read either: docs/inductor.md)."""
+    fn, make = PROGRAMS[name]
+    with inductor_config.patch(SCHEDULER_SETTINGS[setting]):
+        code = native_code(monkeypatch, fn, *make())
+    assert "wait_event" in code
+    assert unwaited_reads(code) == []
+
+
 def test_kernels_stay_on_their_streams_where_inductor_orders_them_after_syncs(fresh_caches, monkeypatch):
     """torch 2.12's ``control_deps`` lowering keeps no edge to a sync, so no graph edit orders a
     kernel after one: there StreamPass issues the kernels on one stream, and says so."""
