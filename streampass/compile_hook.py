@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from streampass.analysis.bodies import INLINED_KEY, inlined
 from streampass.aot_guard import cpu_safe_aot
 from streampass.donated_buffers import keep_shared_saved_tensors
 from streampass.transform.dynamo_indices import forward_offset
@@ -173,12 +174,17 @@ def _warn_if_in_eager_block() -> None:
 
 def _stamping(inner_compile: Callable, offset: int) -> Callable:
     """``inner_compile`` (what compiles each of AOT's graphs, the lazy backward included) that
-    first gives the graph its :func:`stream_key`, and keeps a forward's saved tensors that share
-    storage out of the backward's donated buffers (:mod:`streampass.donated_buffers`)."""
+    first gives the graph its :func:`stream_key`, marks the subgraphs inductor will inline into
+    a kernel (:func:`streampass.analysis.bodies.inlined`: the post-grad passes get them on their
+    own, before the graph, and StreamPass must leave them alone), and keeps a forward's saved tensors that share storage out of
+    the backward's donated buffers (:mod:`streampass.donated_buffers`)."""
 
     @functools.wraps(inner_compile)
     def compile_with_key(gm, *args, **kwargs):
         _stamp(gm, offset)
+        if isinstance(gm, torch.fx.GraphModule):
+            for module, op in inlined(gm):
+                module.meta[INLINED_KEY] = op
         if isinstance(gm, torch.fx.GraphModule) and not kwargs.get("is_backward", False):
             keep_shared_saved_tensors(gm)
         with _in_process():

@@ -139,6 +139,8 @@ class StreamPass(PassBase):
             # The body of a control_deps sync, handed over before the graph that calls it: it
             # is planned, verified and lowered as part of that graph.
             return
+        if bodies.is_inlined(graph.owning_module):  # lowered into its op's kernel: launches nothing
+            return
         if (late := wellformed.runtime_index(graph)) is not None:  # nothing here to read or plan
             warnings.warn(StreamPassWarning(f"node {late.name!r}: {wellformed.RUNTIME_INDEX}"), stacklevel=2)
             return

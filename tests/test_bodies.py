@@ -532,3 +532,84 @@ def test_a_body_writing_its_operand_in_place_writes_it_for_the_caller(block):
     assert ("war", "mul", op.name) in {(h.kind, *h.nodes) for h in sp.verify(gm).hazards}
     assert sp.run(gm).ok
     assert sp.StreamDAG.from_graph(gm).happens_before("mul", op.name)
+
+
+# --------------------------------------------------------------------------------------------
+# Subgraphs inductor inlines into the op's kernel (flex attention's score and mask functions,
+# foreach_map's function): no bodies, never planned
+# --------------------------------------------------------------------------------------------
+SIDE = torch.Stream("cpu")
+
+
+def flex_on_sp_stream(q, k, v, w):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    with sp.stream(1):
+        a = flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s * 0.5)
+    return a, torch.tanh(q * w)
+
+
+def flex_on_a_user_stream(q, k, v, w):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    with SIDE:
+        a = flex_attention(q, k, v)
+    return a, torch.tanh(q * w)
+
+
+def foreach_map_on_sp_stream(x, y, w):
+    from torch._higher_order_ops.foreach_map import foreach_map
+
+    with sp.stream(1):
+        a, b = foreach_map(lambda u, v: u * v + 1, [x, y], [y, x])
+    return a + b + w.cos()
+
+
+def foreach_map_on_a_user_stream(x, y, w):
+    from torch._higher_order_ops.foreach_map import foreach_map
+
+    with SIDE:
+        a, b = foreach_map(lambda u, v: u * v + 1, [x, y], [y, x])
+    return a + b + w.cos()
+
+
+INLINING = {
+    "flex_on_sp_stream": (flex_on_sp_stream, lambda: [torch.randn(1, 2, 16, 8) for _ in range(4)]),
+    "flex_on_a_user_stream": (flex_on_a_user_stream, lambda: [torch.randn(1, 2, 16, 8) for _ in range(4)]),
+    "foreach_map_on_sp_stream": (foreach_map_on_sp_stream, lambda: [torch.randn(8) for _ in range(3)]),
+    "foreach_map_on_a_user_stream": (foreach_map_on_a_user_stream, lambda: [torch.randn(8) for _ in range(3)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INLINING))
+def test_an_op_whose_subgraphs_inductor_inlines_compiles_on_a_side_stream(fresh_caches, name):
+    """Before, StreamPass planned the inlined subgraph as a body run from the ambient stream (a
+    record and a wait around its output), and inductor refused to lower it: "Buffers cannot be
+    created while lowering a pointwise subgraph". Now the op is one kernel on its stream: one
+    graph planned, its syncs ran, and the result equals eager."""
+    from reference import compile_and_compare
+
+    fn, make = INLINING[name]
+    p, ran = compile_and_compare(fn, *make())
+    assert [(r.graph, r.streams) for r in p.reports] == [("inference", [0, 1])]
+    assert p.reports[0].waits_added >= 1 and ran >= p.reports[0].records_added + p.reports[0].waits_added
+
+
+def test_subgraphs_inductor_inlines_are_no_bodies_to_run():
+    """Standalone: ``run`` plans the flex attention op on stream 1 as one kernel and leaves its
+    score and mask functions as they were; a second run adds nothing; the result equals eager."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streampass.analysis import bodies
+
+    args = [torch.randn(1, 2, 16, 8) for _ in range(4)]
+    gm = make_fx(flex_on_sp_stream)(*args)
+    subgraphs = [m for m, _ in bodies.inlined(gm)]
+    assert len(subgraphs) == 2 and bodies.bodies(gm) == []
+    before = [written(m) for m in subgraphs]
+    first = sp.run(gm)
+    assert first.ok and first.waits_added >= 1
+    assert [written(m) for m in subgraphs] == before
+    assert sp.run(gm).changed is False
+    for got, want in zip(gm(*args), flex_on_sp_stream(*args)):
+        torch.testing.assert_close(got, want)

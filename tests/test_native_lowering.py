@@ -243,3 +243,16 @@ def test_pytorchs_user_stream_programs_read_no_buffer_before_its_wait(fresh_cach
     _, fn = _target(p)
     codes = native_codes(monkeypatch, fn, *_inputs(p), fullgraph=p.fullgraph)
     assert [r for c in codes for r in unwaited_reads(c)] == []
+
+
+@pytest.mark.parametrize("name", ["flex_on_sp_stream", "foreach_map_on_a_user_stream"])
+def test_an_op_whose_subgraphs_inductor_inlines_is_one_kernel_on_its_stream(fresh_caches, monkeypatch, name):
+    """Flex attention and foreach_map on a side stream, through the GPU lowering: the op's
+    subgraphs (inlined into its kernel) are not planned, and no kernel reads its output before
+    the wait (tests/test_bodies.py: before, the compile failed)."""
+    from test_bodies import INLINING
+
+    fn, make = INLINING[name]
+    codes = native_codes(monkeypatch, fn, *make())
+    assert len(codes) == 1 and "wait_event" in codes[0]
+    assert unwaited_reads(codes[0]) == []

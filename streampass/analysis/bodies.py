@@ -3,7 +3,9 @@ bodies, ``wrap_with_set_grad_enabled``, ``invoke_subgraph`` and the like. Each i
 own that runs, on the stream that calls it, when the op runs: the calling graph reads the op as
 one kernel, and a body's streams are read (and planned) in the body, as inductor does when it
 hands each body to its post-grad passes on its own. ``control_deps`` bodies are not among them:
-they are streampass's syncs, read as part of the graph that calls them."""
+they are streampass's syncs, read as part of the graph that calls them. Nor are the subgraphs
+inductor inlines into the calling op's kernel (:data:`INLINING_OPS`): their ops launch nothing and
+run wherever the op runs, so their annotations mean nothing and they are never planned."""
 
 from __future__ import annotations
 
@@ -15,6 +17,36 @@ import torch.fx
 from streampass import ops
 from streampass.analysis.reading import AMBIENT, StreamAssignment, annotated_stream, read_streams
 from streampass.errors import StreamPassError
+
+#: Higher-order ops whose subgraphs inductor lowers into the op's own kernel as pointwise code
+#: (``PointwiseSubgraphLowering``, which creates no buffer): flex attention's score and mask
+#: functions, a pointwise ``associative_scan``'s combine function, ``foreach_map``'s function.
+INLINING_OPS = frozenset({"flex_attention", "flex_attention_backward", "associative_scan", "foreach_map"})
+#: the ``GraphModule.meta`` key that marks such a subgraph (:func:`inlined`, :func:`is_inlined`)
+INLINED_KEY = "streampass_inlined_into"
+
+
+def _higher_order_users(gm: torch.fx.GraphModule):
+    """``(getter, module, op)`` for each higher-order op (``control_deps`` aside) that takes a
+    subgraph of ``gm`` (directly or inside a tuple, as flex attention's block mask holds its
+    mask function)."""
+    for getter in gm.graph.find_nodes(op="get_attr"):
+        module = ops.attribute(gm, getter.target)
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for user in getter.users:
+            if (
+                user.op == "call_function"
+                and isinstance(user.target, torch._ops.HigherOrderOperator)
+                and user.target is not ops.CONTROL_DEPS
+            ):
+                yield getter, module, user
+
+
+def inlines(op: torch.fx.Node) -> bool:
+    """Whether inductor lowers the subgraphs ``op`` takes into ``op``'s own kernel
+    (:data:`INLINING_OPS`)."""
+    return isinstance(op.target, torch._ops.HigherOrderOperator) and op.target.name() in INLINING_OPS
 
 
 @dataclass(frozen=True)
@@ -41,20 +73,41 @@ def bodies(gm: torch.fx.GraphModule) -> list[Body]:
     [('cond', 'true_graph_0'), ('cond', 'false_graph_0')]
     """
     found: dict[int, Body] = {}
-    for getter in gm.graph.find_nodes(op="get_attr"):
-        module = ops.attribute(gm, getter.target)
-        if not isinstance(module, torch.fx.GraphModule):
+    for getter, module, user in _higher_order_users(gm):
+        if inlines(user):
             continue
-        for user in getter.users:
-            if (
-                user.op == "call_function"
-                and isinstance(user.target, torch._ops.HigherOrderOperator)
-                and user.target is not ops.CONTROL_DEPS
-            ):
-                first = found.setdefault(id(module), Body(user, getter.target, module))
-                if user not in first.callers:
-                    found[id(module)] = dataclasses.replace(first, callers=(*first.callers, user))
+        first = found.setdefault(id(module), Body(user, getter.target, module))
+        if user not in first.callers:
+            found[id(module)] = dataclasses.replace(first, callers=(*first.callers, user))
     return list(found.values())
+
+
+def inlined(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.GraphModule, str]]:
+    """Every subgraph under ``gm`` that an :data:`INLINING_OPS` op takes and no other op runs as
+    a body, each once, with the op's name. Inductor hands those subgraphs to its post-grad passes
+    on their own too, before ``gm``: the compile hook marks them (``module.meta[INLINED_KEY]``),
+    and the mark is how StreamPass knows one there (:func:`is_inlined`).
+
+    >>> import torch
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> from torch.nn.attention.flex_attention import flex_attention
+    >>> q = torch.ones(1, 1, 4, 8)
+    >>> gm = make_fx(lambda q: flex_attention(q, q, q, score_mod=lambda s, b, h, i, j: s * 2))(q)
+    >>> [op for _, op in inlined(gm)], bodies(gm)
+    (['flex_attention', 'flex_attention'], [])
+    """
+    found: dict[int, tuple[torch.fx.GraphModule, str]] = {}
+    for module in [gm, *nested(gm)]:
+        runs = {id(body.module) for body in bodies(module)}
+        for _, sub, user in _higher_order_users(module):
+            if inlines(user) and id(sub) not in runs:
+                found.setdefault(id(sub), (sub, user.target.name()))
+    return list(found.values())
+
+
+def is_inlined(gm: torch.fx.GraphModule | None) -> bool:
+    """Whether the compile hook marked ``gm`` as a subgraph inductor inlines (:func:`inlined`)."""
+    return gm is not None and INLINED_KEY in getattr(gm, "meta", {})
 
 
 def nested(gm: torch.fx.GraphModule) -> list[torch.fx.GraphModule]:
