@@ -7,6 +7,7 @@ each kernel ran.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -168,3 +169,39 @@ def test_an_event_recorded_eagerly_is_waited_on_by_a_compiled_graph():
     torch.testing.assert_close(got, (x * 2).sin() + 1)
     (r,) = p.reports
     assert r.external_events and sp.verify(r.verified_graph, r.external_events).ok, r.line()
+
+
+def test_ops_whose_subgraphs_inductor_inlines_train_on_a_side_stream():
+    """Flex attention (forward and backward: its score, mask and joint subgraphs are lowered into
+    triton templates) and a pointwise ``associative_scan`` (its combine function, CUDA only) on a
+    side stream: StreamPass leaves their subgraphs alone, results and gradients equal eager
+    (docs/inductor.md; on CPU, tests/test_bodies.py)."""
+    from torch._higher_order_ops.associative_scan import associative_scan
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def program(block):
+        def f(q, k, v, w):
+            with block(1):
+                a = flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s * 0.5)
+                c = associative_scan(lambda x, y: x + y, w, dim=0, combine_mode="pointwise")
+            return a * torch.tanh(q), c.sin()
+
+        return f
+
+    f, serial = program(sp.stream), program(lambda k: contextlib.nullcontext())
+
+    torch.manual_seed(0)
+    inputs = [torch.randn(1, 2, 128, 64, device="cuda") for _ in range(3)] + [torch.randn(64, 64, device="cuda")]
+    want_in = [t.clone().requires_grad_() for t in inputs]
+    got_in = [t.clone().requires_grad_() for t in inputs]
+    want = torch.compile(serial, backend="aot_eager")(*want_in)  # flex attention needs a compile
+    sum(o.sum() for o in want).backward()
+    p = spi.StreamPass(keep_graphs=True)
+    with spi.enabled(p):
+        got = torch.compile(f)(*got_in)
+    sum(o.sum() for o in got).backward()
+    torch.cuda.synchronize()
+    for g, w in zip([*got, *(t.grad for t in got_in)], [*want, *(t.grad for t in want_in)]):
+        torch.testing.assert_close(g, w, rtol=2e-3, atol=2e-3)
+    assert [r.graph for r in p.reports] == ["forward", "backward"], [r.line() for r in p.reports]
+    assert p.reports[0].streams == [0, 1] and all(r.lowering == "native" for r in p.reports)
