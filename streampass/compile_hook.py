@@ -176,8 +176,9 @@ def _stamping(inner_compile: Callable, offset: int) -> Callable:
     """``inner_compile`` (what compiles each of AOT's graphs, the lazy backward included) that
     first gives the graph its :func:`stream_key`, marks the subgraphs inductor will inline into
     a kernel (:func:`streampass.analysis.bodies.inlined`: the post-grad passes get them on their
-    own, before the graph, and StreamPass must leave them alone), and keeps a forward's saved tensors that share storage out of
-    the backward's donated buffers (:mod:`streampass.donated_buffers`)."""
+    own, before the graph, and StreamPass must leave them alone), and keeps a forward's saved
+    tensors that share storage out of the backward's donated buffers
+    (:mod:`streampass.donated_buffers`)."""
 
     @functools.wraps(inner_compile)
     def compile_with_key(gm, *args, **kwargs):
