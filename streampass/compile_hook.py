@@ -186,8 +186,8 @@ def _stamping(inner_compile: Callable, offset: int) -> Callable:
         if isinstance(gm, torch.fx.GraphModule):
             for module, op in inlined(gm):
                 module.meta[INLINED_KEY] = op
-        if isinstance(gm, torch.fx.GraphModule) and not kwargs.get("is_backward", False):
-            keep_shared_saved_tensors(gm)
+            if not kwargs.get("is_backward", False):
+                keep_shared_saved_tensors(gm)
         with _in_process():
             return inner_compile(gm, *args, **kwargs)
 

@@ -98,8 +98,9 @@ def inlined(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.GraphModule, str]]:
     """
     found: dict[int, tuple[torch.fx.GraphModule, str]] = {}
     for module in [gm, *nested(gm)]:
-        runs = {id(body.module) for body in bodies(module)}
-        for _, sub, user in _higher_order_users(module):
+        users = [(sub, user) for _, sub, user in _higher_order_users(module)]
+        runs = {id(sub) for sub, user in users if not inlines(user)}
+        for sub, user in users:
             if inlines(user) and id(sub) not in runs:
                 found.setdefault(id(sub), (sub, user.target.name()))
     return list(found.values())
@@ -107,7 +108,7 @@ def inlined(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.GraphModule, str]]:
 
 def is_inlined(gm: torch.fx.GraphModule | None) -> bool:
     """Whether the compile hook marked ``gm`` as a subgraph inductor inlines (:func:`inlined`)."""
-    return gm is not None and INLINED_KEY in getattr(gm, "meta", {})
+    return gm is not None and INLINED_KEY in gm.meta
 
 
 def nested(gm: torch.fx.GraphModule) -> list[torch.fx.GraphModule]:
