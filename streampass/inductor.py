@@ -139,7 +139,9 @@ class StreamPass(PassBase):
             # The body of a control_deps sync, handed over before the graph that calls it: it
             # is planned, verified and lowered as part of that graph.
             return
-        if bodies.is_inlined(graph.owning_module):  # lowered into its op's kernel: launches nothing
+        if bodies.is_inlined(graph.owning_module):  # lowered into its op, which the caller's plan orders
+            if not _gpu(values.graph_device(graph)):  # invoke_quant lowers it node by node: no stream for CPU
+                lower_for_cpu(graph.owning_module)
             return
         if (late := wellformed.runtime_index(graph)) is not None:  # nothing here to read or plan
             warnings.warn(StreamPassWarning(f"node {late.name!r}: {wellformed.RUNTIME_INDEX}"), stacklevel=2)
@@ -238,11 +240,9 @@ def _emit(report: GraphReport) -> None:
 
 # ----- Installing it ------------------------------------------------------------------------
 def _as_list(p: Any) -> list:
-    if p is None:
-        return []
     if isinstance(p, PassChain):
         return list(p.passes)
-    return list(p) if isinstance(p, (list, tuple)) else [p]
+    return [] if p is None else list(p) if isinstance(p, (list, tuple)) else [p]
 
 
 def with_streampass(current: Any, pass_: StreamPass | None = None) -> list:

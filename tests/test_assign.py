@@ -735,3 +735,30 @@ def test_an_op_whose_body_uses_streams_stays_on_the_ambient_stream():
         warnings.simplefilter("error", sp.StreamPassWarning)
         assert sp.run(gm).ok
     torch.testing.assert_close(gm(x, w)[0], expected)
+
+
+def _quantized_branch(y, w):
+    return ((y @ w.t()).sigmoid(),)
+
+
+def test_an_op_inductor_lowers_node_by_node_stays_where_its_function_runs():
+    """Inductor lowers ``invoke_quant``'s function into the calling graph, each node on its own
+    annotation's stream (none here: the ambient stream). Before, the assigner moved the op to a
+    side stream, so on a GPU its kernels would have run on the ambient stream with the syncs
+    planned for the side stream; now it stays, and says why."""
+    from torch._higher_order_ops import invoke_quant_packed
+
+    def f(x, w):
+        a = (x @ w).relu()
+        b = invoke_quant_packed(_quantized_branch, x, w)[0]
+        return a + b + (x @ w.t()).tanh()
+
+    x, w = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    gm = make_fx(f)(x, w)
+    choice = sp.assign_streams(gm, max_streams=4)
+    assert set(choice.streams.values()) != {0}, "streams should pay on this graph"
+    assert choice.streams["invoke_quant_packed"] == 0
+    assert "inductor lowers its function here" in choice.reasons["invoke_quant_packed"]
+    choice.apply(gm)
+    assert sp.run(gm).ok
+    torch.testing.assert_close(gm(x, w), f(x, w))

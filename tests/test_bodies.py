@@ -535,8 +535,8 @@ def test_a_body_writing_its_operand_in_place_writes_it_for_the_caller(block):
 
 
 # --------------------------------------------------------------------------------------------
-# Subgraphs inductor inlines into the op's kernel (flex attention's score and mask functions,
-# foreach_map's function): no bodies, never planned
+# Subgraphs inductor inlines into the op (flex attention's score and mask functions,
+# foreach_map's and invoke_quant's functions): no bodies, never planned
 # --------------------------------------------------------------------------------------------
 SIDE = torch.Stream("cpu")
 
@@ -573,11 +573,33 @@ def foreach_map_on_a_user_stream(x, y, w):
     return a + b + w.cos()
 
 
+def _quantized(x, y):
+    return (torch.sin(x) * y,)
+
+
+def invoke_quant_on_sp_stream(x, w):
+    from torch._higher_order_ops import InvokeQuant
+
+    with sp.stream(1):
+        a = InvokeQuant()(_quantized, x, x)[0] * 2.0
+    return a + w.cos()
+
+
+def invoke_quant_on_a_user_stream(x, w):
+    from torch._higher_order_ops import InvokeQuant
+
+    with SIDE:
+        a = InvokeQuant()(_quantized, x, x)[0] * 2.0
+    return a + w.cos()
+
+
 INLINING = {
     "flex_on_sp_stream": (flex_on_sp_stream, lambda: [torch.randn(1, 2, 16, 8) for _ in range(4)]),
     "flex_on_a_user_stream": (flex_on_a_user_stream, lambda: [torch.randn(1, 2, 16, 8) for _ in range(4)]),
     "foreach_map_on_sp_stream": (foreach_map_on_sp_stream, lambda: [torch.randn(8) for _ in range(3)]),
     "foreach_map_on_a_user_stream": (foreach_map_on_a_user_stream, lambda: [torch.randn(8) for _ in range(3)]),
+    "invoke_quant_on_sp_stream": (invoke_quant_on_sp_stream, lambda: [torch.randn(8) for _ in range(2)]),
+    "invoke_quant_on_a_user_stream": (invoke_quant_on_a_user_stream, lambda: [torch.randn(8) for _ in range(2)]),
 }
 
 
@@ -593,6 +615,20 @@ def test_an_op_whose_subgraphs_inductor_inlines_compiles_on_a_side_stream(fresh_
     p, ran = compile_and_compare(fn, *make())
     assert [(r.graph, r.streams) for r in p.reports] == [("inference", [0, 1])]
     assert p.reports[0].waits_added >= 1 and ran >= p.reports[0].records_added + p.reports[0].waits_added
+
+
+@pytest.mark.parametrize("fn", [invoke_quant_on_sp_stream, invoke_quant_on_a_user_stream], ids=["sp", "user"])
+def test_invoke_quant_trains_on_a_side_stream_with_its_function_planned_in_its_caller(fresh_caches, fn):
+    """Inductor lowers ``invoke_quant``'s function node by node into the calling graph. Before,
+    StreamPass planned it as a body too (syncs the caller already had, lowered on GPU under
+    the caller's attribute names, where the lowering asserted), and on CPU the function's
+    stream annotations had to be lowered. Now the forward and the backward are planned once each,
+    and the outputs and gradients equal eager."""
+    from reference import compile_and_compare
+
+    p, ran = compile_and_compare(fn, torch.randn(8), torch.randn(8), training=True)
+    assert [(r.graph, r.streams) for r in p.reports] == [("forward", [0, 1]), ("backward", [0, 1])]
+    assert ran >= sum(r.records_added + r.waits_added for r in p.reports)
 
 
 def test_subgraphs_inductor_inlines_are_no_bodies_to_run():

@@ -4,8 +4,8 @@ own that runs, on the stream that calls it, when the op runs: the calling graph 
 one kernel, and a body's streams are read (and planned) in the body, as inductor does when it
 hands each body to its post-grad passes on its own. ``control_deps`` bodies are not among them:
 they are streampass's syncs, read as part of the graph that calls them. Nor are the subgraphs
-inductor inlines into the calling op's kernel (:data:`INLINING_OPS`): their ops launch nothing and
-run wherever the op runs, so their annotations mean nothing and they are never planned."""
+inductor inlines into the calling op (:data:`INLINING_OPS`): they run where the op runs, as part
+of it, and are never planned."""
 
 from __future__ import annotations
 
@@ -18,10 +18,18 @@ from streampass import ops
 from streampass.analysis.reading import AMBIENT, StreamAssignment, annotated_stream, read_streams
 from streampass.errors import StreamPassError
 
-#: Higher-order ops whose subgraphs inductor lowers into the op's own kernel as pointwise code
-#: (``PointwiseSubgraphLowering``, which creates no buffer): flex attention's score and mask
-#: functions, a pointwise ``associative_scan``'s combine function, ``foreach_map``'s function.
-INLINING_OPS = frozenset({"flex_attention", "flex_attention_backward", "associative_scan", "foreach_map"})
+#: Higher-order ops whose subgraphs inductor lowers into the op: into its own kernel as pointwise
+#: code (``PointwiseSubgraphLowering``, which creates no buffer) for flex attention's score and
+#: mask functions, a pointwise ``associative_scan``'s combine function and ``foreach_map``'s
+#: function; node by node into the calling graph, each node on its annotated stream (dynamo gives
+#: them the op's), for ``invoke_quant``'s function. A sync planned inside would be lowered in the
+#: caller, under the caller's attribute names.
+INLINING_OPS = frozenset({
+    "flex_attention", "flex_attention_backward", "associative_scan", "foreach_map", "invoke_quant",
+    "invoke_quant_packed",
+})  # fmt: skip
+#: those of them whose subgraph inductor lowers into the calling graph node by node
+NODE_BY_NODE_OPS = frozenset({"invoke_quant", "invoke_quant_packed"})
 #: the ``GraphModule.meta`` key that marks such a subgraph (:func:`inlined`, :func:`is_inlined`)
 INLINED_KEY = "streampass_inlined_into"
 
@@ -43,10 +51,10 @@ def _higher_order_users(gm: torch.fx.GraphModule):
                 yield getter, module, user
 
 
-def inlines(op: torch.fx.Node) -> bool:
-    """Whether inductor lowers the subgraphs ``op`` takes into ``op``'s own kernel
-    (:data:`INLINING_OPS`)."""
-    return isinstance(op.target, torch._ops.HigherOrderOperator) and op.target.name() in INLINING_OPS
+def inlines(op: torch.fx.Node, kinds: frozenset[str] = INLINING_OPS) -> bool:
+    """Whether inductor lowers the subgraphs ``op`` takes into ``op`` (:data:`INLINING_OPS`, or
+    ``kinds``)."""
+    return isinstance(op.target, torch._ops.HigherOrderOperator) and op.target.name() in kinds
 
 
 @dataclass(frozen=True)

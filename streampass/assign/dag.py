@@ -50,6 +50,8 @@ def fixed_streams(a: StreamAssignment) -> dict[Node, tuple[int, str]]:
         custom = node.meta.get("custom")
         if isinstance(custom, dict) and custom.get("stream") is not None:
             out[node] = (a.stream[node], "fixed by user annotation")
+        elif bodies.inlines(node, bodies.NODE_BY_NODE_OPS):
+            out[node] = (a.stream[node], "fixed: inductor lowers its function here, each node on its own stream")
         elif depth > 0:
             out[node] = (a.stream[node], "fixed by an enclosing fork/join region")
     module = a.graph.owning_module
