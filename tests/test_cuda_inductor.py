@@ -205,3 +205,27 @@ def test_ops_whose_subgraphs_inductor_inlines_train_on_a_side_stream():
         torch.testing.assert_close(g, w, rtol=2e-3, atol=2e-3)
     assert [r.graph for r in p.reports] == ["forward", "backward"], [r.line() for r in p.reports]
     assert p.reports[0].streams == [0, 1] and all(r.lowering == "native" for r in p.reports)
+
+
+def _with_bodies():
+    from test_native_lowering import WITH_BODIES
+
+    return sorted(WITH_BODIES)
+
+
+@pytest.mark.parametrize("name", _with_bodies())
+def test_graphs_with_bodies_or_constants_run_on_cuda_and_equal_eager(name):
+    """Higher-order ops' bodies with streams, a tensor constant and invoke_quant on a side stream
+    (tests/test_native_lowering.py: before, none of them compiled through the GPU lowering)."""
+    from test_native_lowering import WITH_BODIES
+
+    fn = WITH_BODIES[name][0]
+    torch.manual_seed(0)
+    args = [torch.randn(1 << 20, device="cuda") for _ in range(fn.__code__.co_argcount)]
+    want = fn(*args)  # eager: sp.stream does nothing outside a compile
+    p = spi.StreamPass(keep_graphs=True)
+    with spi.enabled(p):
+        got = torch.compile(fn)(*args)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, want)
+    assert any(r.streams != [0] for r in p.reports) and all(r.lowering in ("native", "none") for r in p.reports)

@@ -10,7 +10,6 @@ a kernel of another stream wrote must come after a wait on an event recorded aft
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import pathlib
@@ -25,6 +24,7 @@ import streampass as sp
 import streampass.inductor as spi
 from streampass import compat
 
+from test_bodies import invoke_quant_on_sp_stream
 from test_compile_use import s_branches  # issue 11's two side-stream branches
 
 _CONTEXT = re.compile(r"^\s*with (?:torch\.cuda\.stream\()?(\w+)\)?:$")
@@ -107,6 +107,34 @@ def unwaited_reads(code: str) -> list[str]:
     return found
 
 
+def graph_functions(code: str) -> dict[str, str]:
+    """Each graph function of a generated module, as :func:`unwaited_reads` reads one: ``call``
+    and the functions inductor generates for the bodies of higher-order ops (``true_graph_0``),
+    whose buffers it names with the function's prefix (``true_graph_0_buf2``).
+
+    >>> code = '''def true_graph_0(args):
+    ...     true_graph_0_arg0_1, = args
+    ...     with stream1:
+    ...         k0(true_graph_0_arg0_1, true_graph_0_buf0)
+    ...     with default_stream:
+    ...         k1(true_graph_0_buf0, true_graph_0_buf1)
+    ...     return (true_graph_0_buf1, )
+    ... class Runner:
+    ...     def call(self, args):
+    ...         return true_graph_0(args)
+    ... '''.replace("k0", "cpp_fused_k0").replace("k1", "cpp_fused_k1")
+    >>> sorted(graph_functions(code))
+    ['call', 'true_graph_0']
+    >>> unwaited_reads(graph_functions(code)["true_graph_0"])
+    ['cpp_fused_k1 reads buf0 (written by cpp_fused_k0)']
+    """
+    found = {"call": code[code.index("def call(") :]}
+    for m in re.finditer(r"^def (\w+)\(args\):\n(?:(?:[ \t].*)?\n)*", code, re.MULTILINE):
+        name = m.group(1)
+        found[name] = "def call(args):\n" + m.group(0).split("\n", 1)[1].replace(f"{name}_", "")
+    return found
+
+
 def kernel_streams(code: str) -> set[str]:
     """The stream variables (``with stream1:``) the generated code issues kernels in."""
     context, found = "", set()
@@ -122,9 +150,15 @@ def native_codes(monkeypatch, fn, *args, fullgraph: bool = False, passes=None) -
     """The modules inductor generates for ``fn`` under StreamPass (``passes``, as for
     ``enabled``) with the GPU lowering (in this test's cache directory)."""
     monkeypatch.setattr(spi, "_gpu", lambda device: True)
-    # the code cannot run on CPU: undefined stream variables, CPU streams and events
-    with spi.enabled(passes), contextlib.suppress(NameError, RuntimeError, AssertionError):
-        torch.compile(fn, fullgraph=fullgraph)(*args)
+    # the code cannot run on CPU (undefined stream variables, CPU streams and events); a compile
+    # that fails (BackendCompilerFailed, InductorError) is a failure
+    with spi.enabled(passes):
+        try:
+            torch.compile(fn, fullgraph=fullgraph)(*args)
+        except torch._dynamo.exc.BackendCompilerFailed:
+            raise
+        except (NameError, RuntimeError, AssertionError):
+            pass
     files = glob.glob(os.environ["TORCHINDUCTOR_CACHE_DIR"] + "/**/*.py", recursive=True)
     return [c for c in (pathlib.Path(f).read_text() for f in files) if "def call(" in c]
 
@@ -256,3 +290,80 @@ def test_an_op_whose_subgraphs_inductor_inlines_is_one_kernel_on_its_stream(fres
     codes = native_codes(monkeypatch, fn, *make())
     assert len(codes) == 1 and "wait_event" in codes[0]
     assert unwaited_reads(codes[0]) == []
+
+
+@torch.compiler.nested_compile_region
+def _region(x):
+    return x.sin() * 2
+
+
+def region_on_a_side_stream(x):
+    with sp.stream(1):
+        a = _region(x)
+    return a + _region(x.cos())
+
+
+def cond_on_a_side_stream(x):
+    with sp.stream(1):
+        a = torch.cond(x.sum() > 0, torch.sin, torch.cos, (x,))
+    return a + x.exp()
+
+
+def _branch_with_a_side_stream(x):
+    with sp.stream(1):
+        y = x.sin()
+    return y + 1
+
+
+def side_stream_in_a_cond_branch(x):
+    return torch.cond(x.sum() > 0, _branch_with_a_side_stream, torch.cos, (x,)) + x.exp()
+
+
+def _step(i, x):
+    with sp.stream(1):
+        y = x.sin()
+    return i + 1, y * 2
+
+
+def side_stream_in_a_while_loop(x):
+    with sp.stream(2):
+        z = x.exp()
+    return torch._higher_order_ops.while_loop(lambda i, x: i < 3, _step, (torch.tensor(0, device=x.device), x))[1] + z
+
+
+def constant_read_on_a_side_stream(x):
+    with sp.stream(1):
+        y = x * torch.tensor(2.0)
+    return y + x
+
+
+#: programs whose graphs have bodies or tensor constants, and whether a body's function gets syncs
+#: (a body of an op on a side stream has the op's annotation, so it is planned; invoke_quant's
+#: function is lowered into the caller and never planned)
+WITH_BODIES = {
+    "region_on_a_side_stream": (region_on_a_side_stream, True),
+    "cond_on_a_side_stream": (cond_on_a_side_stream, True),
+    "side_stream_in_a_cond_branch": (side_stream_in_a_cond_branch, True),
+    "side_stream_in_a_while_loop": (side_stream_in_a_while_loop, True),
+    "constant_read_on_a_side_stream": (constant_read_on_a_side_stream, False),
+    "invoke_quant_on_sp_stream": (invoke_quant_on_sp_stream, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WITH_BODIES))
+def test_graphs_with_bodies_or_constants_compile_with_every_wait_before_its_reads(fresh_caches, monkeypatch, name):
+    """Before, none of these compiled through the GPU lowering (torch 2.13). A body the pass
+    had planned held sync subgraphs whose placeholders had no value, and inductor's
+    ``FakeTensorUpdater``, re-deriving the body once the caller's plan changed the op's inputs,
+    asserted "A subgraph argument other than striding has been modified"; a sync that depended on a
+    small tensor constant failed to lower ("NotImplementedError: Constant"); invoke_quant's
+    function, lowered node by node into the caller, held syncs whose subgraphs the lowering
+    looked up in the caller. Now each compiles, and no kernel, in ``call`` or in a body's
+    function, reads another stream's buffer before its wait."""
+    fn, body_syncs = WITH_BODIES[name]
+    codes = native_codes(monkeypatch, fn, *[torch.randn(8)] * fn.__code__.co_argcount)
+    assert codes, "nothing compiled"
+    functions = {name: f for code in codes for name, f in graph_functions(code).items()}
+    assert {name: r for name, f in functions.items() if (r := unwaited_reads(f))} == {}
+    synced = [name for name, f in functions.items() if "wait_event" in f]
+    assert synced and any(name != "call" for name in synced) == body_syncs, synced

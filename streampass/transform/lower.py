@@ -216,8 +216,10 @@ def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None
         call = a.syncs.get(node)
         if call is None or call.wrapper is None:
             continue
-        getter = own_sync_body(gm, node, "streampass_sync")
-        deps = tuple(node.args[0]) or tuple(tensor_inputs[:1])
+        getter = own_sync_body(gm, node, "streampass_sync", _typed_placeholders(node.args[2:]))
+        # A constant needs no order (nothing in the graph writes it), and inductor lowers a small
+        # one to a value that cannot be a dependency ("NotImplementedError: Constant").
+        deps = tuple(d for d in node.args[0] if not _is_constant(d)) or tuple(tensor_inputs[:1]) or node.args[0]
         node.args = (deps, getter, *node.args[2:])
     if compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_AFTER_SYNCS:
         one_stream(gm)  # torch 2.12
@@ -226,6 +228,24 @@ def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None
     _drop_unused_subgraphs(gm)
     graph.lint()
     gm.recompile()
+
+
+def _is_constant(n: Any) -> bool:
+    return isinstance(n, torch.fx.Node) and n.op == "get_attr" and isinstance(n.meta.get("val"), torch.Tensor)
+
+
+def _typed_placeholders(args: tuple) -> Any:
+    """An ``edit`` for :func:`own_sync_body`: each placeholder's ``meta["val"]`` is what the sync
+    passes it (an int as itself, a node's fake value). When inductor's ``FakeTensorUpdater``
+    re-derives a body of a higher-order op (a node calling it changed, as a plan of the calling
+    graph changes them), it checks every subgraph's arguments against its placeholders' values and
+    asserts on a mismatch ("A subgraph argument other than striding has been modified")."""
+
+    def edit(body: torch.fx.Graph) -> None:
+        for placeholder, arg in zip(body.find_nodes(op="placeholder"), args, strict=True):
+            placeholder.meta["val"] = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+
+    return edit
 
 
 def _drop_unused_subgraphs(gm: torch.fx.GraphModule) -> None:
