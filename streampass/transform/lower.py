@@ -25,7 +25,7 @@ from streampass.runtime import install_object_fallback
 from streampass.transform import snapshot
 from streampass.transform.annotations import drop_stream
 from streampass.transform.inductor_order import one_stream, order_readers_after_waits
-from streampass.transform.subgraphs import own_sync_body
+from streampass.transform.subgraphs import own_sync_body, set_wrapper_val
 
 __all__ = ["RUNTIME_SYNCS", "STREAM_KEY", "SYNC", "lower_for_cpu", "lower_for_gpu", "sync"]
 
@@ -216,11 +216,14 @@ def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None
         call = a.syncs.get(node)
         if call is None or call.wrapper is None:
             continue
-        getter = own_sync_body(gm, node, "streampass_sync", _typed_placeholders(node.args[2:]))
         # A constant needs no order (nothing in the graph writes it), and inductor lowers a small
-        # one to a value that cannot be a dependency ("NotImplementedError: Constant").
+        # one to a value that can be neither a dependency ("NotImplementedError: Constant") nor,
+        # on torch 2.11, a passthrough ("not a supported top level IR node").
+        trim = _pass_no_constants(node)
+        getter = own_sync_body(gm, node, "streampass_sync", _typed_placeholders(node.args[2:], trim))
         deps = tuple(d for d in node.args[0] if not _is_constant(d)) or tuple(tensor_inputs[:1]) or node.args[0]
         node.args = (deps, getter, *node.args[2:])
+        set_wrapper_val(node)
     if compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_AFTER_SYNCS:
         one_stream(gm)  # torch 2.12
     elif compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_PASSTHROUGH_READERS:
@@ -234,14 +237,47 @@ def _is_constant(n: Any) -> bool:
     return isinstance(n, torch.fx.Node) and n.op == "get_attr" and isinstance(n.meta.get("val"), torch.Tensor)
 
 
-def _typed_placeholders(args: tuple) -> Any:
-    """An ``edit`` for :func:`own_sync_body`: each placeholder's ``meta["val"]`` is what the sync
-    passes it (an int as itself, a node's fake value). When inductor's ``FakeTensorUpdater``
-    re-derives a body of a higher-order op (a node calling it changed, as a plan of the calling
-    graph changes them), it checks every subgraph's arguments against its placeholders' values and
-    asserts on a mismatch ("A subgraph argument other than striding has been modified")."""
+def _pass_no_constants(node: torch.fx.Node) -> set[str]:
+    """Make the readers of each constant a ``control_deps`` sync passes through read the constant
+    itself, and drop it from the sync's arguments; returns the names of the sync subgraph's
+    placeholders that took them, for :func:`_typed_placeholders` to drop."""
+    body = ops.subgraph_module(node).graph
+    outputs = body.output_node().args[0]
+    if not isinstance(outputs, (tuple, list)):  # torch's sync bodies with nothing to pass through
+        return set()
+    placeholders, outputs = list(body.find_nodes(op="placeholder")), list(outputs)
+    values = dict(zip(placeholders, node.args[2:], strict=True))
+    dropped = {p for p in outputs[1:] if p in values and _is_constant(values[p]) and len(p.users) == 1}
+    if not dropped:
+        return set()
+    kept = [o for o in outputs if o not in dropped]
+    for user in list(node.users):
+        if user.target is operator.getitem and isinstance(user.args[1], int) and user.args[1] >= 1:
+            out = outputs[user.args[1]]
+            if out in dropped:
+                user.replace_all_uses_with(values[out])
+                node.graph.erase_node(user)
+            else:
+                user.args = (node, kept.index(out))
+    node.args = (*node.args[:2], *(v for p, v in values.items() if p not in dropped))
+    return {p.name for p in dropped}
+
+
+def _typed_placeholders(args: tuple, dropped: set[str] = frozenset()) -> Any:
+    """An ``edit`` for :func:`own_sync_body`: the placeholders named in ``dropped`` go (from the
+    output too), and each other placeholder's ``meta["val"]`` is what the sync passes it (an int
+    as itself, a node's fake value). When inductor's ``FakeTensorUpdater`` re-derives a body of a
+    higher-order op (a node calling it changed, as a plan of the calling graph changes them), it
+    checks every subgraph's arguments against its placeholders' values and asserts on a mismatch
+    ("A subgraph argument other than striding has been modified")."""
 
     def edit(body: torch.fx.Graph) -> None:
+        gone = [p for p in body.find_nodes(op="placeholder") if p.name in dropped]
+        if gone:
+            out = body.output_node()
+            out.args = (tuple(o for o in out.args[0] if o not in gone),)
+            for placeholder in gone:
+                body.erase_node(placeholder)
         for placeholder, arg in zip(body.find_nodes(op="placeholder"), args, strict=True):
             placeholder.meta["val"] = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
 
