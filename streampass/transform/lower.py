@@ -212,10 +212,17 @@ def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None
     graph = gm.graph
     a = a if a is not None else read_streams(gm, runtime.state(gm)["external_events"])
     tensor_inputs = [n for n in graph.nodes if n.op == "placeholder" and _is_tensor_node(n)]
-    for node in list(graph.nodes):
-        call = a.syncs.get(node)
-        if call is None or call.wrapper is None:
-            continue
+    wrapped = [(node, call) for node, call in a.syncs.items() if call.wrapper is not None]
+    if not any(_is_tensor_node(n) for n in graph.nodes) and all(
+        u.target is ops.CONTROL_DEPS for n, _ in wrapped for u in n.users
+    ):
+        # Syncs alone, no kernel to order (a sync body dynamo compiled on its own): the lowering
+        # wants a dependency for each wrapped sync, so they go plain, in program order, as torch
+        # leaves a sync with nothing before it.
+        for node, call in wrapped:
+            node.target, node.args = call.target, tuple(call.args)
+        wrapped = []
+    for node, _ in wrapped:
         # A constant needs no order (nothing in the graph writes it), and inductor lowers a small
         # one to a value that can be neither a dependency ("NotImplementedError: Constant") nor,
         # on torch 2.11, a passthrough ("not a supported top level IR node").
@@ -223,7 +230,8 @@ def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None
         getter = own_sync_body(gm, node, "streampass_sync", _typed_placeholders(node.args[2:], trim))
         deps = tuple(d for d in node.args[0] if not _is_constant(d)) or tuple(tensor_inputs[:1]) or node.args[0]
         node.args = (deps, getter, *node.args[2:])
-        set_wrapper_val(node)
+        if trim:
+            set_wrapper_val(node)
     if compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_AFTER_SYNCS:
         one_stream(gm)  # torch 2.12
     elif compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_PASSTHROUGH_READERS:
