@@ -367,3 +367,33 @@ def test_graphs_with_bodies_or_constants_compile_with_every_wait_before_its_read
     assert {name: r for name, f in functions.items() if (r := unwaited_reads(f))} == {}
     synced = [name for name, f in functions.items() if "wait_event" in f]
     assert synced and any(name != "call" for name in synced) == body_syncs, synced
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True)
+def test_data_dependent_shapes_across_streams_compile(fresh_caches, monkeypatch, training):
+    """``x[x > 0]`` on one stream, its ``.item()`` read on another: the getitem passing the masked
+    tensor through a wait copied the tensor's ``unbacked_bindings``, and inductor's
+    ``FakeTensorUpdater``, re-deriving it, renamed a symbol twice and asserted ("u4 -> u0");
+    a getitem binds no symbol anew. The forward now compiles, with every wait before its reads."""
+    from test_compile_use import masked_sum_on_two_streams
+
+    args = [torch.randn(8, 16, requires_grad=training) for _ in range(2)]
+    codes = native_codes(monkeypatch, masked_sum_on_two_streams, *args)
+    assert codes and any("wait_event" in c for c in codes)
+    assert [r for c in codes for r in unwaited_reads(c)] == []
+
+
+def test_a_graph_of_syncs_alone_compiles(fresh_caches, monkeypatch):
+    """torch.compile of a graph ``sp.run`` already rewrote: dynamo compiles each sync body on a
+    frame of its own, a graph with one sync and no tensor, which inductor's ``control_deps``
+    lowering refused (it wants a dependency); such syncs now stay plain ops."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = make_fx(lambda x, w: s_branches(x, w, w))(x, w)
+    assert sp.run(gm).ok
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.StreamPassWarning)  # later frames: "an index known only at run time"
+        codes = native_codes(monkeypatch, gm, x, w)
+    assert any("record_event" in c for c in codes)

@@ -235,6 +235,9 @@ class _Editor:
                 with self.graph.inserting_after(last):
                     g = self._call(operator.getitem, (wrapped, passthrough.index(inp) + 1))
                 g.meta.update(inp.meta)
+                # the same tensor: it binds none of inp's unbacked symbols anew (inductor's
+                # FakeTensorUpdater, re-deriving the getitem, would rename them: "u4 -> u0")
+                g.meta.pop("unbacked_bindings", None)
                 self.stream[g] = self.stream[wrapped]
                 self.root[g] = self.root.get(inp, inp)
                 self.index[g] = self.index[wrapped]
