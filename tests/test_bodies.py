@@ -649,21 +649,3 @@ def test_subgraphs_inductor_inlines_are_no_bodies_to_run():
     assert sp.run(gm).changed is False
     for got, want in zip(gm(*args), flex_on_sp_stream(*args)):
         torch.testing.assert_close(got, want)
-
-
-def _with_bodies():
-    from test_native_lowering import WITH_BODIES
-
-    return WITH_BODIES
-
-
-@pytest.mark.parametrize("name", sorted(_with_bodies()))
-def test_the_programs_the_gpu_lowering_failed_on_equal_eager_on_cpu(fresh_caches, name):
-    """The programs of ``tests/test_native_lowering.py::WITH_BODIES`` (bodies with streams, a
-    tensor constant, invoke_quant) through the CPU lowering: outputs equal eager, every graph the
-    pass kept verifies, and syncs ran."""
-    from reference import compile_and_compare
-
-    fn = _with_bodies()[name][0]
-    p, ran = compile_and_compare(fn, *[torch.randn(8) for _ in range(fn.__code__.co_argcount)])
-    assert p.reports and ran > 0  # a cond runs one branch's syncs: no count to compare with
