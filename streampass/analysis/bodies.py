@@ -24,12 +24,10 @@ from streampass.errors import StreamPassError
 #: function; node by node into the calling graph, each node on its annotated stream (dynamo gives
 #: them the op's), for ``invoke_quant``'s function. A sync planned inside would be lowered in the
 #: caller, under the caller's attribute names.
-INLINING_OPS = frozenset({
-    "flex_attention", "flex_attention_backward", "associative_scan", "foreach_map", "invoke_quant",
-    "invoke_quant_packed",
-})  # fmt: skip
+INLINING_OPS = frozenset({"flex_attention", "flex_attention_backward", "associative_scan", "foreach_map"})
 #: those of them whose subgraph inductor lowers into the calling graph node by node
 NODE_BY_NODE_OPS = frozenset({"invoke_quant", "invoke_quant_packed"})
+INLINING_OPS |= NODE_BY_NODE_OPS
 #: the ``GraphModule.meta`` key that marks such a subgraph (:func:`inlined`, :func:`is_inlined`)
 INLINED_KEY = "streampass_inlined_into"
 
