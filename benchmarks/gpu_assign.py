@@ -179,7 +179,10 @@ def main(argv=None) -> int:
         "programs": [],
     }
     # A fresh compile cache: on a hit inductor does not run the pass, and there would be no prediction
-    with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="gpu_assign_")}):
+    with (
+        tempfile.TemporaryDirectory(prefix="gpu_assign_") as cache,
+        mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}),
+    ):
         failed = _measure_all(args, report, device, iters, profile)
     return 1 if failed else 0
 
