@@ -55,7 +55,7 @@ from streampass.kept_graphs import KeptGraphs
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import dynamo_indices, snapshot, wrapped_work
-from streampass.transform.lower import RUNTIME_SYNCS, lower_for_cpu, lower_for_gpu
+from streampass.transform.lower import RUNTIME_SYNCS, lower_for_cpu, lower_for_gpu, lower_inlined
 from streampass.transform.pipeline import run
 from streampass.transform.plan import EVENT_BASE
 
@@ -140,8 +140,7 @@ class StreamPass(PassBase):
             # is planned, verified and lowered as part of that graph.
             return
         if bodies.is_inlined(graph.owning_module):  # lowered into its op, which the caller's plan orders
-            if not _gpu(values.graph_device(graph)):  # invoke_quant lowers it node by node: no stream for CPU
-                lower_for_cpu(graph.owning_module)
+            lower_inlined(graph.owning_module, _gpu(values.graph_device(graph)))
             return
         if (late := wellformed.runtime_index(graph)) is not None:  # nothing here to read or plan
             warnings.warn(StreamPassWarning(f"node {late.name!r}: {wellformed.RUNTIME_INDEX}"), stacklevel=2)

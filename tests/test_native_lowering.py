@@ -10,6 +10,7 @@ a kernel of another stream wrote must come after a wait on an event recorded aft
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pathlib
@@ -409,3 +410,60 @@ def test_a_graph_of_syncs_alone_compiles(fresh_caches, monkeypatch):
         warnings.simplefilter("ignore", sp.StreamPassWarning)  # later frames: "an index known only at run time"
         codes = native_codes(monkeypatch, gm, x, w)
     assert any("record_event" in c for c in codes)
+
+
+class TwoBranches(torch.nn.Module):
+    """Issue 11's two side-stream branches as a module, for ``torch.export``."""
+
+    def forward(self, x, w1, w2):
+        return s_branches(x, w1, w2)
+
+
+def test_an_aot_inductor_package_issues_every_kernel_on_one_stream_with_its_syncs(fresh_caches, monkeypatch, tmp_path):
+    """Inductor's C++ wrapper (AOT Inductor here; ``cpp_wrapper=True`` takes the same lowering)
+    has no stream contexts: torch writes a Python ``with stream1:`` into the C++ of a graph whose
+    kernels have streams, and the compile failed (CppCompileError). The GPU lowering now drops
+    the annotations there, with a warning: every kernel on the current stream, every planned sync
+    still called (through AOT Inductor's proxy executor)."""
+    import zipfile
+
+    from reference import planned_syncs
+
+    monkeypatch.setattr(spi, "_gpu", lambda device: True)
+    ep = torch.export.export(TwoBranches(), tuple(torch.randn(8, 8) for _ in range(3)))
+    p = spi.StreamPass(keep_graphs=True)
+    # torch 2.11 issues every kernel on the current stream anyway: nothing to drop, nothing to say
+    said = pytest.warns(sp.StreamPassWarning, match="C\\+\\+ wrapper")
+    with spi.enabled(p), said if compat.INDUCTOR_ISSUES_ON_STREAMS else contextlib.nullcontext():
+        path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))
+    (r,) = p.reports
+    assert r.lowering == "native" and r.streams == [0, 1, 2] and sp.verify(r.verified_graph).ok
+    package = zipfile.ZipFile(path)
+    wrapper = "\n".join(package.read(n).decode() for n in package.namelist() if n.endswith("wrapper.cpp"))
+    calls = "\n".join(package.read(n).decode() for n in package.namelist() if n.endswith("wrapper.json"))
+    assert "with stream" not in wrapper and "proxy_executor_call_function" in wrapper
+    assert calls.count('"streams::') == planned_syncs(r.verified_graph) > 0
+
+
+@pytest.mark.parametrize("cpp_wrapper", [False, True])
+def test_a_body_inductor_inlines_keeps_its_streams_only_where_the_wrapper_can_switch(cpp_wrapper):
+    """An ``invoke_quant`` function on a GPU (``lower_inlined``): its annotations are what puts
+    its kernels on the caller's streams under the Python wrapper; the C++ wrapper cannot take
+    them, so there they go, as in the calling graph."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streampass.transform.lower import lower_inlined
+
+    gm = make_fx(lambda x: s_branches(x, x, x))(torch.randn(4, 4))
+    before = {n.name: sp.read_streams(gm).stream[n] for n in gm.graph.nodes if n.op == "call_function"}
+    with inductor_config.patch(cpp_wrapper=cpp_wrapper), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lower_inlined(gm, gpu=True)
+    after = {n.name: sp.read_streams(gm).stream[n] for n in gm.graph.nodes if n.op == "call_function"}
+    assert set(before.values()) == {0, 1, 2}
+    # torch 2.12 issues every kernel on one stream under either wrapper (its lowering orders no
+    # kernel after a sync); 2.11 issues them on the current stream whatever the annotations say
+    cpp = cpp_wrapper and compat.INDUCTOR_ISSUES_ON_STREAMS
+    one = cpp or (compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_AFTER_SYNCS)
+    assert after == ({k: 0 for k in before} if one else before)
+    assert any("C++ wrapper" in str(w.message) for w in caught) == cpp

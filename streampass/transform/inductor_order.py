@@ -99,16 +99,23 @@ def order_readers_after_waits(gm: torch.fx.GraphModule) -> None:
     preserve_node_ordering(gm.graph, first_readers(gm.graph))
 
 
-def one_stream(gm: torch.fx.GraphModule) -> None:
+#: why :func:`one_stream` is needed, by the case: torch 2.12, and any C++ wrapper
+SYNCS_NOT_ORDERED = (
+    f"torch {torch.__version__}: inductor orders no kernel after a stream sync (its control_deps lowering "
+    "drops the dependency), so this graph's kernels are issued on one stream; torch >= 2.13 issues them "
+    "on their streams"
+)
+NO_STREAMS_IN_CPP = (
+    "inductor's C++ wrapper (cpp_wrapper, AOT Inductor) has no stream contexts (torch writes a Python "
+    "`with stream1:` into the C++ and its compile fails), so this graph's kernels are issued on one "
+    "stream; its syncs stay. For kernels on their streams, compile with the Python wrapper"
+)
+
+
+def one_stream(gm: torch.fx.GraphModule, why: str) -> None:
     """Drop every node's ``custom.stream``, so that inductor issues all of ``gm``'s kernels on the
-    current stream, in their data order (the syncs stay and do what they say), with a warning."""
+    current stream, in their data order (the syncs stay and do what they say), with a warning
+    that says ``why``."""
     dropped = [drop_stream(node) for node in gm.graph.nodes]
     if any(s is not None for s in dropped):
-        warnings.warn(
-            StreamPassWarning(
-                f"torch {torch.__version__}: inductor orders no kernel after a stream sync "
-                "(its control_deps lowering drops the dependency), so this graph's kernels are "
-                "issued on one stream; torch >= 2.13 issues them on their streams"
-            ),
-            stacklevel=2,
-        )
+        warnings.warn(StreamPassWarning(why), stacklevel=2)

@@ -2,7 +2,9 @@
 only its encoding changes). Each is all or nothing: on any failure the graph is put back.
 
 * :func:`lower_for_gpu`: the graph keeps its ``custom.stream`` annotations and its
-  ``control_deps`` syncs, each with its own subgraph and a non-empty dependency tuple.
+  ``control_deps`` syncs, each with its own subgraph and a non-empty dependency tuple. Under
+  inductor's C++ wrapper (``cpp_wrapper``, AOT Inductor), which cannot switch streams, and on
+  torch 2.12 the annotations go: every kernel on the current stream, the syncs kept.
 * :func:`lower_for_cpu`: streams move to ``node.meta["streampass_stream"]`` and every sync
   becomes ``torch.ops.streampass.sync([anchor], op, int_args)``, a no-op counted in
   :data:`RUNTIME_SYNCS`; ``anchor`` is an empty tensor made for the syncs after the inputs.
@@ -15,6 +17,7 @@ import operator
 from typing import Any
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.fx
 
 from streampass import compat, ops, runtime
@@ -24,10 +27,15 @@ from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import snapshot
 from streampass.transform.annotations import drop_stream
-from streampass.transform.inductor_order import one_stream, order_readers_after_waits
+from streampass.transform.inductor_order import (
+    NO_STREAMS_IN_CPP,
+    SYNCS_NOT_ORDERED,
+    one_stream,
+    order_readers_after_waits,
+)
 from streampass.transform.subgraphs import own_sync_body, set_wrapper_val
 
-__all__ = ["RUNTIME_SYNCS", "STREAM_KEY", "SYNC", "lower_for_cpu", "lower_for_gpu", "sync"]
+__all__ = ["RUNTIME_SYNCS", "STREAM_KEY", "SYNC", "lower_for_cpu", "lower_for_gpu", "lower_inlined", "sync"]
 
 #: ``op name -> calls`` of :func:`sync` made by CPU graphs at run time (tests, debugging).
 RUNTIME_SYNCS: collections.Counter[str] = collections.Counter()
@@ -232,13 +240,42 @@ def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None
         node.args = (deps, getter, *node.args[2:])
         if trim:
             set_wrapper_val(node)
-    if compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_AFTER_SYNCS:
-        one_stream(gm)  # torch 2.12
+    if (why := _why_one_stream()) is not None:
+        one_stream(gm, why)
     elif compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_PASSTHROUGH_READERS:
         order_readers_after_waits(gm)  # torch 2.13
     _drop_unused_subgraphs(gm)
     graph.lint()
     gm.recompile()
+
+
+def lower_inlined(gm: torch.fx.GraphModule, gpu: bool) -> None:
+    """A body inductor lowers node by node into its caller (``invoke_quant``), whose plan orders
+    it: its streams go where the backend cannot take them (CPU, a C++ wrapper); it has no syncs.
+
+    >>> import torch, streampass as sp
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> def f(x):
+    ...     with sp.stream(1):
+    ...         return x.sin()
+    >>> gm = make_fx(f)(torch.ones(4))
+    >>> lower_inlined(gm, gpu=False)  # CPU: the stream is kept where inductor's CPU codegen ignores it
+    >>> [(n.meta[STREAM_KEY], "custom" in n.meta) for n in gm.graph.nodes if n.op == "call_function"]
+    [(1, False)]
+    """
+    if not gpu:
+        lower_for_cpu(gm)
+    elif (why := _why_one_stream()) is not None:
+        one_stream(gm, why)
+
+
+def _why_one_stream() -> str | None:
+    """Why this compile's GPU graphs must issue every kernel on one stream, if they must."""
+    if not compat.INDUCTOR_ISSUES_ON_STREAMS:  # torch 2.11 issues them on one anyway
+        return None
+    if inductor_config.cpp_wrapper:
+        return NO_STREAMS_IN_CPP
+    return None if compat.LOWERING_ORDERS_AFTER_SYNCS else SYNCS_NOT_ORDERED  # torch 2.12
 
 
 def _is_constant(n: Any) -> bool:
