@@ -18,7 +18,6 @@ import torch._inductor.config as inductor_config
 
 import streampass as sp
 import streampass.inductor as spi
-from streampass import compat
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -236,15 +235,14 @@ def test_an_aot_inductor_package_with_streams_runs_on_cuda_and_equals_eager(tmp_
     """AOT Inductor's C++ wrapper cannot switch streams: the package issues every kernel on the
     current stream, with every planned sync, and equals eager (tests/test_native_lowering.py
     reads the same package's code on CPU; before, its C++ compile failed on ``with stream1:``)."""
-    from test_native_lowering import TwoBranches
+    from test_native_lowering import TwoBranches, says_one_stream_in_cpp
 
     torch.manual_seed(0)
     args = tuple(torch.randn(1024, 1024, device="cuda") for _ in range(3))
     model = TwoBranches()
     ep = torch.export.export(model, args)
     p = spi.StreamPass(keep_graphs=True)
-    said = pytest.warns(sp.StreamPassWarning, match="C\\+\\+ wrapper")  # 2.11: one stream anyway, unsaid
-    with spi.enabled(p), said if compat.INDUCTOR_ISSUES_ON_STREAMS else contextlib.nullcontext():
+    with spi.enabled(p), says_one_stream_in_cpp():
         path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))
     loaded = torch._inductor.aoti_load_package(path)
     got = loaded(*args)

@@ -25,11 +25,12 @@ import operator
 import warnings
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.fx
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
 from torch._inductor.pattern_matcher import stable_topological_sort
 
-from streampass import ops, values
+from streampass import compat, ops, values
 from streampass.errors import StreamPassWarning
 from streampass.transform.annotations import drop_stream
 
@@ -99,17 +100,26 @@ def order_readers_after_waits(gm: torch.fx.GraphModule) -> None:
     preserve_node_ordering(gm.graph, first_readers(gm.graph))
 
 
-#: why :func:`one_stream` is needed, by the case: torch 2.12, and any C++ wrapper
-SYNCS_NOT_ORDERED = (
+_SYNCS_NOT_ORDERED = (
     f"torch {torch.__version__}: inductor orders no kernel after a stream sync (its control_deps lowering "
     "drops the dependency), so this graph's kernels are issued on one stream; torch >= 2.13 issues them "
     "on their streams"
 )
-NO_STREAMS_IN_CPP = (
+_NO_STREAMS_IN_CPP = (
     "inductor's C++ wrapper (cpp_wrapper, AOT Inductor) has no stream contexts (torch writes a Python "
     "`with stream1:` into the C++ and its compile fails), so this graph's kernels are issued on one "
     "stream; its syncs stay. For kernels on their streams, compile with the Python wrapper"
 )
+
+
+def why_one_stream() -> str | None:
+    """Why this compile's GPU graphs must issue every kernel on one stream (:func:`one_stream`),
+    if they must: a C++ wrapper, or torch 2.12's lowering."""
+    if not compat.INDUCTOR_ISSUES_ON_STREAMS:  # torch 2.11 issues them on one anyway
+        return None
+    if inductor_config.cpp_wrapper:
+        return _NO_STREAMS_IN_CPP
+    return None if compat.LOWERING_ORDERS_AFTER_SYNCS else _SYNCS_NOT_ORDERED  # torch 2.12
 
 
 def one_stream(gm: torch.fx.GraphModule, why: str) -> None:

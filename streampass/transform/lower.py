@@ -17,7 +17,6 @@ import operator
 from typing import Any
 
 import torch
-import torch._inductor.config as inductor_config
 import torch.fx
 
 from streampass import compat, ops, runtime
@@ -27,12 +26,7 @@ from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import snapshot
 from streampass.transform.annotations import drop_stream
-from streampass.transform.inductor_order import (
-    NO_STREAMS_IN_CPP,
-    SYNCS_NOT_ORDERED,
-    one_stream,
-    order_readers_after_waits,
-)
+from streampass.transform.inductor_order import one_stream, order_readers_after_waits, why_one_stream
 from streampass.transform.subgraphs import own_sync_body, set_wrapper_val
 
 __all__ = ["RUNTIME_SYNCS", "STREAM_KEY", "SYNC", "lower_for_cpu", "lower_for_gpu", "lower_inlined", "sync"]
@@ -240,7 +234,7 @@ def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None
         node.args = (deps, getter, *node.args[2:])
         if trim:
             set_wrapper_val(node)
-    if (why := _why_one_stream()) is not None:
+    if (why := why_one_stream()) is not None:
         one_stream(gm, why)
     elif compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_PASSTHROUGH_READERS:
         order_readers_after_waits(gm)  # torch 2.13
@@ -265,17 +259,8 @@ def lower_inlined(gm: torch.fx.GraphModule, gpu: bool) -> None:
     """
     if not gpu:
         lower_for_cpu(gm)
-    elif (why := _why_one_stream()) is not None:
+    elif (why := why_one_stream()) is not None:
         one_stream(gm, why)
-
-
-def _why_one_stream() -> str | None:
-    """Why this compile's GPU graphs must issue every kernel on one stream, if they must."""
-    if not compat.INDUCTOR_ISSUES_ON_STREAMS:  # torch 2.11 issues them on one anyway
-        return None
-    if inductor_config.cpp_wrapper:
-        return NO_STREAMS_IN_CPP
-    return None if compat.LOWERING_ORDERS_AFTER_SYNCS else SYNCS_NOT_ORDERED  # torch 2.12
 
 
 def _is_constant(n: Any) -> bool:
