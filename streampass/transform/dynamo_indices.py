@@ -101,29 +101,49 @@ def shift_indices(gm: torch.fx.GraphModule, by: int) -> None:
     """
     if by == 0:
         return
-    for node in list(gm.graph.nodes):
+    for node in gm.graph.nodes:
         custom = node.meta.get("custom")
         if isinstance(custom, dict) and type(custom.get("stream")) is int:
             node.meta["custom"] = {**custom, "stream": custom["stream"] + by}
+    rewrite_index_args(gm, lambda target, position, k: k + by, "streampass_shifted")
+
+
+def rewrite_index_args(gm: torch.fx.GraphModule, new, base: str) -> None:
+    """Replace each int index argument ``k`` at ``position`` of every stream op ``target`` with
+    ``new(target, position, k)``; a ``control_deps`` body gets a copy of its own (named after
+    ``base``) where one of its indices changes.
+
+    >>> g = torch.fx.Graph()
+    >>> rec = g.call_function(ops.RECORD_EVENT, (5, 1)); _ = g.output(())
+    >>> gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    >>> rewrite_index_args(gm, lambda target, position, k: 0 if position == 1 else k, "doc")
+    >>> rec.args
+    (5, 0)
+    """
+
+    def rewritten(target, args: tuple) -> tuple:
+        positions = ops.INDEX_ARGS[target]
+        return tuple(new(target, i, a) if i in positions and type(a) is int else a for i, a in enumerate(args))
+
+    for node in list(gm.graph.nodes):
         call = ops.as_sync_call(node)
         if call is None:
             continue
-        positions = ops.INDEX_ARGS[call.target]
         if call.wrapper is None:
-            node.args = _shifted(node.args, positions, by)
+            node.args = rewritten(call.target, node.args)
+            continue
+        body = ops.subgraph_module(node).graph
+        inner = [n for n in body.nodes if n.op == "call_function" and id(n.target) in ops.STREAM_OP_IDS]
+        if all(rewritten(call.target, n.args) == n.args for n in inner):
             continue
 
-        def shift_body(body: torch.fx.Graph, positions=positions) -> None:
-            for inner in body.nodes:
-                if inner.op == "call_function" and id(inner.target) in ops.STREAM_OP_IDS:
-                    inner.args = _shifted(inner.args, positions, by)
+        def edit(body: torch.fx.Graph, target=call.target) -> None:
+            for n in body.nodes:
+                if n.op == "call_function" and id(n.target) in ops.STREAM_OP_IDS:
+                    n.args = rewritten(target, n.args)
 
-        getter = own_sync_body(gm, node, "streampass_shifted", shift_body)
+        getter = own_sync_body(gm, node, base, edit)
         node.args = (node.args[0], getter, *node.args[2:])
-
-
-def _shifted(args: tuple, positions: tuple[int, ...], by: int) -> tuple:
-    return tuple(a + by if i in positions and type(a) is int else a for i, a in enumerate(args))
 
 
 def shared_indices(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, int, object]]:
