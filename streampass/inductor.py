@@ -54,7 +54,7 @@ from streampass.graph_report import GraphReport, nonzero
 from streampass.kept_graphs import KeptGraphs
 from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
-from streampass.transform import dynamo_indices, snapshot, wrapped_work
+from streampass.transform import dynamo_indices, one_stream, snapshot, wrapped_work
 from streampass.transform.lower import RUNTIME_SYNCS, lower_for_cpu, lower_for_gpu, lower_inlined
 from streampass.transform.pipeline import run
 from streampass.transform.plan import EVENT_BASE
@@ -166,6 +166,7 @@ class StreamPass(PassBase):
         # One reading, before the pass: run reuses it, and its region check hands the lowering
         # the edit's kept reading of the result (docs/benchmarks.md, "One reading per compile").
         a = read_streams(gm, external)
+        a = one_stream.as_compiled(gm, a, external) if _gpu(device) else a  # C++ wrapper: kernels on one stream
         assigned = summary(choice) if cost is not None or self.assign is None else serial_summary(len(a.streams) - 1)
         cross = sum(1 for n in a.nodes for i in n.all_input_nodes if a.stream[i] != a.stream[n])
         if a.streams == [AMBIENT] and not a.syncs:

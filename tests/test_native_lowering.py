@@ -427,19 +427,47 @@ def says_one_stream_in_cpp():
     return pytest.warns(sp.StreamPassWarning, match="C\\+\\+ wrapper")
 
 
+def scheduled(monkeypatch) -> list[list[tuple]]:
+    """Per graph inductor generates code for from now on, what its scheduler issues, in order:
+    ``("kernel",)`` or ``(stream op name, *its index arguments)`` (torch 2.14's ordering barriers,
+    which issue nothing, left out)."""
+    from torch._inductor.scheduler import Scheduler
+
+    graphs: list[list[tuple]] = []
+    codegen = Scheduler.codegen
+
+    def recording(self):
+        ir = [n.node for snode in self.nodes for n in snode.get_nodes() if type(n.node).__name__ != "OrderingBarrier"]
+        op = [getattr(n, "op_overload", None) for n in ir]
+        graphs.append([
+            (str(o).split(".")[1], *n.constant_args) if str(o).startswith("streams.") else ("kernel",)
+            for n, o in zip(ir, op, strict=True)
+        ])  # fmt: skip
+        return codegen(self)
+
+    monkeypatch.setattr(Scheduler, "codegen", recording)
+    return graphs
+
+
 def test_an_aot_inductor_package_issues_every_kernel_on_one_stream_with_its_syncs(fresh_caches, monkeypatch, tmp_path):
     """Inductor's C++ wrapper (AOT Inductor here; ``cpp_wrapper=True`` takes the same lowering)
     has no stream contexts: torch writes a Python ``with stream1:`` into the C++ of a graph whose
-    kernels have streams, and the compile failed (CppCompileError). The GPU lowering now drops
-    the annotations there, with a warning: every kernel on the current stream, every planned sync
-    still called (through AOT Inductor's proxy executor)."""
+    kernels have streams, and the compile failed (CppCompileError). Every kernel now goes on the
+    current stream, every planned sync is still called (through AOT Inductor's proxy executor),
+    and where the lowering orders kernels after syncs (torch >= 2.13) the scheduler issues them
+    after a join with each side stream and before a join of each side stream with them, and no
+    sync naming a side stream in between (stop 51 left the syncs on their streams: a kernel meant
+    for stream 1 did not wait for work left on stream 1, nor an event recorded there for it)."""
     import zipfile
+
+    from streampass.transform.one_stream import ordered_after_syncs
 
     from reference import planned_syncs
 
     monkeypatch.setattr(spi, "_gpu", lambda device: True)
     ep = torch.export.export(TwoBranches(), tuple(torch.randn(8, 8) for _ in range(3)))
     p = spi.StreamPass(keep_graphs=True)
+    order = scheduled(monkeypatch)
     with spi.enabled(p), says_one_stream_in_cpp():
         path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))
     (r,) = p.reports
@@ -449,6 +477,16 @@ def test_an_aot_inductor_package_issues_every_kernel_on_one_stream_with_its_sync
     calls = "\n".join(package.read(n).decode() for n in package.namelist() if n.endswith("wrapper.json"))
     assert "with stream" not in wrapper and "proxy_executor_call_function" in wrapper
     assert calls.count('"streams::') == planned_syncs(r.verified_graph) > 0
+    issued = order[-1]
+    kernels = [i for i, item in enumerate(issued) if item == ("kernel",)]
+    first, last = kernels[0], kernels[-1]
+    if ordered_after_syncs():
+        assert issued[:first] == [("wait_stream", 0, 1), ("wait_stream", 0, 2)]
+        assert {("wait_stream", 1, 0), ("wait_stream", 2, 0)} <= set(issued[last:])
+        between = [item for item in issued[first:last] if item != ("kernel",)]
+        assert all(item[-1] == 0 for item in between), between
+    else:  # torch 2.12 (its lowering keeps no kernel after a sync) and 2.11: the plan's own syncs
+        assert ("wait_stream", 0, 1) not in issued
 
 
 @pytest.mark.parametrize("cpp_wrapper", [False, True])
@@ -477,3 +515,62 @@ def test_a_body_inductor_inlines_keeps_its_streams_only_where_the_wrapper_can_sw
     one = cpp or (compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_AFTER_SYNCS)
     assert after == ({k: 0 for k in before} if one else before)
     assert any("C++ wrapper" in str(w.message) for w in caught) == cpp
+
+
+class _Compiled(Exception):
+    """Raised in place of running a graph compiled for a GPU on CPU."""
+
+
+def _compile_only_with_cpp_wrapper(gm, example_inputs):
+    """A dynamo backend: inductor with the C++ wrapper compiles the graph (forward and backward,
+    through StreamPass), which is what is tested; the code is for a GPU, so it is not run."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with inductor_config.patch(cpp_wrapper=True):
+        compile_fx(gm, example_inputs)
+
+    def not_run(*args):
+        raise _Compiled
+
+    return not_run
+
+
+CPP_WRAPPER_PROGRAMS = [
+    "event_record_and_wait",
+    "bidirectional_stream_sync",
+    "del_multi_stream_sync_dealloc",
+    "record_stream_problem_interleaved",
+]
+
+
+@pytest.mark.parametrize("name", CPP_WRAPPER_PROGRAMS)
+def test_user_syncs_in_stream_blocks_compile_under_the_cpp_wrapper_between_the_joins(fresh_caches, monkeypatch, name):
+    """Upstream's programs with a user's ``e.wait()`` / ``e.record()`` inside a ``with s:`` block:
+    dynamo annotates the sync, and torch copies that annotation onto the op in its ``control_deps``
+    body, which inductor then issued in ``with stream1:``, Python written into the C++ ("'with' was
+    not declared in this scope"): every such program of the corpus failed so under the C++ wrapper
+    once the joins were planned. Each now compiles, and its kernels are issued between the joins
+    with no sync naming a side stream among them (the allocator's ``record_stream`` excepted)."""
+    from streampass.transform.one_stream import ordered_after_syncs
+
+    from test_corpus import _target
+    from user_stream_programs import PROGRAMS
+
+    (p,) = [p for p in PROGRAMS if p.name == name]
+    monkeypatch.setattr(spi, "_gpu", lambda device: True)
+    order = scheduled(monkeypatch)
+    _, fn = _target(p)
+    with spi.enabled(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.StreamPassWarning)
+        with pytest.raises(_Compiled):
+            torch.compile(fn, backend=_compile_only_with_cpp_wrapper, fullgraph=True)(*p.inputs())
+    (issued,) = order
+    kernels = [i for i, item in enumerate(issued) if item == ("kernel",)]
+    if ordered_after_syncs():
+        assert issued[0][:2] == ("wait_stream", 0) and issued[0][2] != 0, issued  # the entry joins
+        assert any(item[0] == "wait_stream" and item[1] != 0 and item[2] == 0 for item in issued[kernels[-1] :]), issued
+        events = [item for item in issued[kernels[0] : kernels[-1]] if item[0] in ("record_event", "wait_event")]
+        streams = [
+            item for item in issued[kernels[0] : kernels[-1]] if item[0] in ("wait_stream", "synchronize_stream")
+        ]
+        assert all(item[2] == 0 for item in events) and all(set(item[1:]) == {0} for item in streams), issued

@@ -13,7 +13,7 @@ its dependency (torch's own :func:`~torch._inductor.fx_passes.control_dependenci
 which inductor turns into a scheduler edge from 2.13 on. A reader so wrapped is a buffer of its
 own (it is not inlined into a later kernel), which is what holds every later use after the wait
 too. torch 2.12's lowering keeps no edge to a sync at all (it has no output), so no graph edit can
-order a kernel after one there: :func:`one_stream` issues the graph's kernels on one stream instead.
+order a kernel after one there: ``one_stream.one_stream`` issues the graph's kernels on one stream instead.
 
 :func:`sort_as_inductor_will` sorts a graph an earlier custom pass left out of order, as inductor
 does right after those passes, before StreamPass reads it.
@@ -22,17 +22,13 @@ does right after those passes, before StreamPass reads it.
 from __future__ import annotations
 
 import operator
-import warnings
 
 import torch
-import torch._inductor.config as inductor_config
 import torch.fx
 from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
 from torch._inductor.pattern_matcher import stable_topological_sort
 
-from streampass import compat, ops, values
-from streampass.errors import StreamPassWarning
-from streampass.transform.annotations import drop_stream
+from streampass import ops, values
 
 Node = torch.fx.Node
 
@@ -98,34 +94,3 @@ def first_readers(graph: torch.fx.Graph) -> dict[Node, list[Node]]:
 def order_readers_after_waits(gm: torch.fx.GraphModule) -> None:
     """Make each of :func:`first_readers` a ``control_deps`` that depends on its waits."""
     preserve_node_ordering(gm.graph, first_readers(gm.graph))
-
-
-_SYNCS_NOT_ORDERED = (
-    f"torch {torch.__version__}: inductor orders no kernel after a stream sync (its control_deps lowering "
-    "drops the dependency), so this graph's kernels are issued on one stream; torch >= 2.13 issues them "
-    "on their streams"
-)
-_NO_STREAMS_IN_CPP = (
-    "inductor's C++ wrapper (cpp_wrapper, AOT Inductor) has no stream contexts (torch writes a Python "
-    "`with stream1:` into the C++ and its compile fails), so this graph's kernels are issued on one "
-    "stream; its syncs stay. For kernels on their streams, compile with the Python wrapper"
-)
-
-
-def why_one_stream() -> str | None:
-    """Why this compile's GPU graphs must issue every kernel on one stream (:func:`one_stream`),
-    if they must: a C++ wrapper, or torch 2.12's lowering."""
-    if not compat.INDUCTOR_ISSUES_ON_STREAMS:  # torch 2.11 issues them on one anyway
-        return None
-    if inductor_config.cpp_wrapper:
-        return _NO_STREAMS_IN_CPP
-    return None if compat.LOWERING_ORDERS_AFTER_SYNCS else _SYNCS_NOT_ORDERED  # torch 2.12
-
-
-def one_stream(gm: torch.fx.GraphModule, why: str) -> None:
-    """Drop every node's ``custom.stream``, so that inductor issues all of ``gm``'s kernels on the
-    current stream, in their data order (the syncs stay and do what they say), with a warning
-    that says ``why``."""
-    dropped = [drop_stream(node) for node in gm.graph.nodes]
-    if any(s is not None for s in dropped):
-        warnings.warn(StreamPassWarning(why), stacklevel=2)

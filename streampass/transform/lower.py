@@ -26,7 +26,8 @@ from streampass.ops import AMBIENT
 from streampass.runtime import install_object_fallback
 from streampass.transform import snapshot
 from streampass.transform.annotations import drop_stream
-from streampass.transform.inductor_order import one_stream, order_readers_after_waits, why_one_stream
+from streampass.transform.inductor_order import order_readers_after_waits
+from streampass.transform.one_stream import one_stream, ordered_after_syncs, why_one_stream
 from streampass.transform.subgraphs import own_sync_body, set_wrapper_val
 
 __all__ = ["RUNTIME_SYNCS", "STREAM_KEY", "SYNC", "lower_for_cpu", "lower_for_gpu", "lower_inlined", "sync"]
@@ -235,8 +236,8 @@ def _lower_for_gpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> None
         if trim:
             set_wrapper_val(node)
     if (why := why_one_stream()) is not None:
-        one_stream(gm, why)
-    elif compat.INDUCTOR_ISSUES_ON_STREAMS and not compat.LOWERING_ORDERS_PASSTHROUGH_READERS:
+        one_stream(gm, why)  # StreamPass has done it before planning where the lowering orders syncs
+    if ordered_after_syncs() and not compat.LOWERING_ORDERS_PASSTHROUGH_READERS:
         order_readers_after_waits(gm)  # torch 2.13
     _drop_unused_subgraphs(gm)
     graph.lint()
