@@ -265,7 +265,7 @@ def _subgraph_shape(node: torch.fx.Node) -> _SubgraphShape | None:
     return shape
 
 
-def _positional(target: Any, args: tuple, kwargs: dict) -> tuple:
+def positional(target: Any, args: tuple, kwargs: dict) -> tuple:
     """A stream op's arguments in schema order, keyword arguments included."""
     if not kwargs:
         return tuple(args)
@@ -294,14 +294,14 @@ def as_sync_call(node: torch.fx.Node) -> SyncCall | None:
         return None
     if id(node.target) in STREAM_OP_IDS:
         target = _PACKET_DEFAULT.get(id(node.target), node.target)
-        return SyncCall(target, _positional(target, node.args, node.kwargs), node, None)
+        return SyncCall(target, positional(target, node.args, node.kwargs), node, None)
     if node.target is CONTROL_DEPS:
         shape = _subgraph_shape(node)
         if shape is None or shape.stream_op is None:
             return None
         outer = dict(zip(shape.placeholders, node.args[2:]))
         target = _PACKET_DEFAULT.get(id(shape.stream_op.target), shape.stream_op.target)
-        args = _positional(target, shape.stream_op.args, shape.stream_op.kwargs)
+        args = positional(target, shape.stream_op.args, shape.stream_op.kwargs)
         args = torch.fx.map_arg(args, lambda a: outer.get(a, a))
         return SyncCall(target, tuple(args), node, node)
     return None

@@ -264,25 +264,41 @@ def _read_on_side_stream(x):
     return y
 
 
-@pytest.mark.skipif(
-    not ordered_after_syncs(), reason=f"torch {torch.__version__} orders no kernel after a sync: no join (Known limits)"
-)
-def test_a_cpp_wrapper_graph_follows_work_left_on_its_side_stream_and_precedes_work_put_there_after():
-    """Under the C++ wrapper every kernel runs on the current stream. The graph's ``x * 3`` is
-    meant for ``s``, so it must wait for the ``fill_`` the caller left sleeping on ``s`` (the
-    entry join), and the caller's ``add_`` on ``s`` after the call must wait for it (the exit
-    join), as when it ran on ``s``. Where the lowering cannot order kernels after syncs
-    (torch 2.11, 2.12) no join is planned: docs/inductor.md, Known limits."""
-    s = _LEFT_ON.setdefault("s", torch.cuda.Stream())
-    x = torch.ones(1 << 20, device="cuda")
+def _compiled_with_cpp_wrapper():
+    _LEFT_ON.setdefault("s", torch.cuda.Stream())
     with spi.enabled(), warnings.catch_warnings():
         warnings.simplefilter("ignore", sp.StreamPassWarning)
         f = torch.compile(_read_on_side_stream, options={"cpp_wrapper": True})
-        f(x)  # compiled and run once, with nothing left on s
+        f(torch.ones(1 << 20, device="cuda"))  # compiled and run once, with nothing left on s
     torch.cuda.synchronize()
+    return f, _LEFT_ON["s"]
+
+
+NO_JOINS = f"torch {torch.__version__} orders no kernel after a sync: no join (docs/inductor.md, Known limits)"
+
+
+@pytest.mark.skipif(not ordered_after_syncs(), reason=NO_JOINS)
+def test_a_cpp_wrapper_graph_follows_work_left_on_its_side_stream():
+    """Under the C++ wrapper every kernel runs on the current stream. The graph's ``x * 3`` is
+    meant for ``s``, so it must wait for the ``fill_`` the caller left sleeping on ``s`` (the
+    entry join), as it would on ``s``; the current stream is idle, so without the join it reads
+    ``x`` before the fill."""
+    f, s = _compiled_with_cpp_wrapper()
+    x = torch.ones(1 << 20, device="cuda")
     with torch.cuda.stream(s):
         torch.cuda._sleep(100_000_000)
         x.fill_(2.0)
+    y = f(x)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, torch.full_like(y, 6.0))
+
+
+@pytest.mark.skipif(not ordered_after_syncs(), reason=NO_JOINS)
+def test_a_cpp_wrapper_graph_comes_before_work_put_on_its_side_stream_after_the_call():
+    """The caller's ``add_`` on ``s`` after the call must wait for the graph's ``x * 3``, meant
+    for ``s`` and run on the busy current stream (the exit join), as it would on ``s``."""
+    f, s = _compiled_with_cpp_wrapper()
+    x = torch.full((1 << 20,), 2.0, device="cuda")
     torch.cuda._sleep(100_000_000)  # the current stream busy, so the kernel comes late
     y = f(x)
     with torch.cuda.stream(s):

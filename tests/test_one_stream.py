@@ -72,8 +72,10 @@ def test_a_graph_without_side_streams_is_left_alone():
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "control_deps"])
 def test_the_planned_one_stream_program_holds_every_kernel_between_its_joins(wrapped):
-    """After StreamPass plans it, each kernel depends on every entry join and every exit join on
-    each kernel, through the graph's own edges: no later pass can move one past a join."""
+    """After StreamPass plans it, each kernel that reads an input (here: all of them) depends on
+    every entry join, and every exit join on each kernel, through the graph's own edges: no later
+    pass can move one past a join. (A kernel that reads no input touches no memory the caller's
+    work on a side stream could.)"""
     gm = user_program(wrapped)
     with pytest.warns(sp.StreamPassWarning):
         onto_current_stream(gm, sp.read_streams(gm), "why")
@@ -111,3 +113,34 @@ def test_a_sync_body_annotated_as_dynamo_does_gets_a_copy_without_its_stream():
         body = ops.subgraph_module(node)
         assert body is not original and all("custom" not in n.meta for n in body.graph.nodes)
         assert {n.meta["custom"]["stream"] for n in original.graph.nodes if n.op == "call_function"} == {1}
+
+
+def test_indices_given_as_keywords_or_as_operands_of_a_sync_body_are_rewritten_too():
+    """A user's graph may pass a sync's indices as keywords; StreamPass's own lowered syncs pass
+    them to their body as ``control_deps`` operands. Left naming a side stream, such a sync would
+    order nothing the kernels do, silently."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streampass.transform.dynamo_indices import rewrite_index_args
+    from streampass.transform.lower import lower_for_gpu
+
+    def f(x):
+        with sp.stream(1):
+            y = x.sin()
+        return y + x
+
+    gm = make_fx(f)(torch.ones(4))
+    sp.run(gm)
+    lower_for_gpu(gm)  # every sync a control_deps whose body takes the indices as placeholders
+    first = next(n for n in gm.graph.nodes if n.op == "call_function")
+    with gm.graph.inserting_before(first):
+        keywords = gm.graph.call_function(ops.WAIT_STREAM, (), {"waiting_stream_index": 1, "waited_on_stream_index": 0})
+    before = [(c.name, c.args) for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None]
+    assert {k for _, args in before for k in args[1:2]} >= {0, 1}
+    rewrite_index_args(gm, lambda target, position, k: 0 if position == 1 or target is ops.WAIT_STREAM else k, "t")
+    after = [(c.name, c.args) for n in gm.graph.nodes if (c := ops.as_sync_call(n)) is not None]
+    assert [name for name, _ in after] == [name for name, _ in before]
+    assert all(args[1] == 0 for _, args in after) and keywords.args == (0, 0) and keywords.kwargs == {}
+    assert [args[0] for name, args in after if name != "wait_stream"] == [
+        args[0] for name, args in before if name != "wait_stream"
+    ]

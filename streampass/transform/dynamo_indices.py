@@ -110,15 +110,16 @@ def shift_indices(gm: torch.fx.GraphModule, by: int) -> None:
 
 def rewrite_index_args(gm: torch.fx.GraphModule, new, base: str) -> None:
     """Replace each int index argument ``k`` at ``position`` of every stream op ``target`` with
-    ``new(target, position, k)``; a ``control_deps`` body gets a copy of its own (named after
-    ``base``) where one of its indices changes.
+    ``new(target, position, k)``: plain or keyword arguments, constants in a ``control_deps``
+    body (which then gets a copy of its own, named after ``base``), or operands of the
+    ``control_deps`` that the body takes as placeholders.
 
     >>> g = torch.fx.Graph()
-    >>> rec = g.call_function(ops.RECORD_EVENT, (5, 1)); _ = g.output(())
+    >>> rec = g.call_function(ops.RECORD_EVENT, (5,), {"stream_index": 1}); _ = g.output(())
     >>> gm = torch.fx.GraphModule(torch.nn.Module(), g)
     >>> rewrite_index_args(gm, lambda target, position, k: 0 if position == 1 else k, "doc")
-    >>> rec.args
-    (5, 0)
+    >>> rec.args, rec.kwargs
+    ((5, 0), {})
     """
 
     def rewritten(target, args: tuple) -> tuple:
@@ -130,20 +131,34 @@ def rewrite_index_args(gm: torch.fx.GraphModule, new, base: str) -> None:
         if call is None:
             continue
         if call.wrapper is None:
-            node.args = rewritten(call.target, node.args)
+            args = ops.positional(call.target, node.args, node.kwargs)
+            if rewritten(call.target, args) != args:
+                node.args, node.kwargs = rewritten(call.target, args), {}
             continue
         body = ops.subgraph_module(node).graph
         inner = [n for n in body.nodes if n.op == "call_function" and id(n.target) in ops.STREAM_OP_IDS]
-        if all(rewritten(call.target, n.args) == n.args for n in inner):
-            continue
+        placeholders = {p: j for j, p in enumerate(body.find_nodes(op="placeholder"))}
+        operands = list(node.args[2:])
+        taken: set[int] = set()
+        for n in inner:
+            args = ops.positional(call.target, n.args, n.kwargs)
+            for i in ops.INDEX_ARGS[call.target]:
+                j = placeholders.get(args[i]) if i < len(args) else None
+                if j is not None and j not in taken and type(operands[j]) is int:
+                    operands[j] = new(call.target, i, operands[j])
+                    taken.add(j)
+        getter = node.args[1]
+        if any(
+            rewritten(call.target, ops.positional(call.target, n.args, n.kwargs)) != n.args or n.kwargs for n in inner
+        ):
 
-        def edit(body: torch.fx.Graph, target=call.target) -> None:
-            for n in body.nodes:
-                if n.op == "call_function" and id(n.target) in ops.STREAM_OP_IDS:
-                    n.args = rewritten(target, n.args)
+            def edit(body: torch.fx.Graph, target=call.target) -> None:
+                for n in body.nodes:
+                    if n.op == "call_function" and id(n.target) in ops.STREAM_OP_IDS:
+                        n.args, n.kwargs = rewritten(target, ops.positional(target, n.args, n.kwargs)), {}
 
-        getter = own_sync_body(gm, node, base, edit)
-        node.args = (node.args[0], getter, *node.args[2:])
+            getter = own_sync_body(gm, node, base, edit)
+        node.args = (node.args[0], getter, *operands)
 
 
 def shared_indices(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, int, object]]:

@@ -39,9 +39,10 @@ from streampass.transform.annotations import drop_stream
 from streampass.transform.dynamo_indices import rewrite_index_args
 from streampass.transform.subgraphs import own_sync_body
 
-#: the stream arguments of the syncs that order kernels (``record_stream`` and ``sync_dealloc``
-#: name a stream for the allocator, which keeps a block until that stream's work is done: naming
-#: a stream that now runs nothing of the graph's keeps it no shorter)
+#: the stream arguments of the syncs that order kernels. ``record_stream`` names a stream for the
+#: allocator, and ``sync_dealloc`` makes the stream that frees a tensor wait for an event: both
+#: keep their stream, since the graph's tensors are now all allocated, used and freed on the
+#: current stream (and the event a ``sync_dealloc`` waits for is recorded there)
 _ORDERING_STREAM_ARGS = {
     ops.RECORD_EVENT: (1,),
     ops.WAIT_EVENT: (1,),
@@ -59,9 +60,10 @@ _SYNCS_NOT_ORDERED = (
 _NO_STREAMS_IN_CPP = (
     "inductor's C++ wrapper (cpp_wrapper, AOT Inductor) has no stream contexts (torch writes a Python "
     "`with stream1:` into the C++ and its compile fails), so this graph's kernels are issued on the current "
-    "stream, after the work left on its side streams before the call and before any put there after it. "
-    "For kernels on their streams, compile with the Python wrapper"
+    "stream{}. For kernels on their streams, compile with the Python wrapper"
 )
+_JOINED = ", after the work left on its side streams before the call and before any put there after it"
+_NOT_JOINED = f"; its syncs stay (torch {torch.__version__} orders no kernel after a sync)"
 
 
 def why_one_stream() -> str | None:
@@ -76,7 +78,7 @@ def why_one_stream() -> str | None:
     if not compat.INDUCTOR_ISSUES_ON_STREAMS:  # torch 2.11 issues them on one anyway
         return None
     if inductor_config.cpp_wrapper:
-        return _NO_STREAMS_IN_CPP
+        return _NO_STREAMS_IN_CPP.format(_JOINED if compat.LOWERING_ORDERS_AFTER_SYNCS else _NOT_JOINED)
     return None if compat.LOWERING_ORDERS_AFTER_SYNCS else _SYNCS_NOT_ORDERED  # torch 2.12
 
 
@@ -95,25 +97,26 @@ def why_planned_on_one_stream() -> str | None:
 def one_stream(gm: torch.fx.GraphModule, why: str) -> None:
     """Drop every node's ``custom.stream``, so that inductor issues all of ``gm``'s kernels on the
     current stream, in their data order (the syncs stay and do what they say), with a warning
-    that says ``why``."""
+    that says ``why`` if a kernel had one (after :func:`onto_current_stream`, only the syncs the
+    plan added do, and that warned already)."""
     if _drop_streams(gm):
         warnings.warn(StreamPassWarning(why), stacklevel=2)
 
 
 def _drop_streams(gm: torch.fx.GraphModule) -> bool:
     """Drop the ``custom.stream`` of every node of ``gm`` and of its ``control_deps`` bodies;
-    returns whether any was there. dynamo annotates a sync in a stream block and torch copies
-    that onto the op in its body, which inductor then issues in ``with stream1:``. A body so
-    annotated gets a copy of its own (bodies may be shared, and a failed pass puts back the
-    graph's own nodes, not a body's)."""
-    dropped = any([drop_stream(node) is not None for node in gm.graph.nodes])
+    returns whether a node other than a sync had one. dynamo annotates a sync in a stream block
+    and torch copies that onto the op in its body, which inductor then issues in ``with
+    stream1:``. A body so annotated gets a copy of its own (bodies may be shared, and a failed
+    pass puts back the graph's own nodes, not a body's)."""
+    kernels = False
+    for node in gm.graph.nodes:
+        kernels |= drop_stream(node) is not None and ops.as_sync_call(node) is None
     for node in list(gm.graph.find_nodes(op="call_function", target=ops.CONTROL_DEPS)):
-        if all(annotated_stream(n) is None for n in ops.subgraph_module(node).graph.nodes):
-            continue
-        getter = own_sync_body(gm, node, "streampass_one_stream", _drop_body_streams)
-        node.args = (node.args[0], getter, *node.args[2:])
-        dropped = True
-    return dropped
+        if any(annotated_stream(n) is not None for n in ops.subgraph_module(node).graph.nodes):
+            getter = own_sync_body(gm, node, "streampass_one_stream", _drop_body_streams)
+            node.args = (node.args[0], getter, *node.args[2:])
+    return kernels
 
 
 def _drop_body_streams(body: torch.fx.Graph) -> None:
