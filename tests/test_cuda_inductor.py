@@ -254,7 +254,7 @@ def test_an_aot_inductor_package_with_streams_runs_on_cuda_and_equals_eager(tmp_
     assert r.streams == [0, 1, 2] and r.lowering == "native" and sp.verify(r.verified_graph).ok
 
 
-_LEFT_ON = {}  # the side stream of the test below, made on first use (a CUDA stream needs the device)
+_LEFT_ON = {}  # the side stream of the two tests below, made on first use (a CUDA stream needs the device)
 
 
 def _read_on_side_stream(x):

@@ -449,6 +449,14 @@ def scheduled(monkeypatch) -> list[list[tuple]]:
     return graphs
 
 
+def around_kernels(issued: list[tuple]) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """What :func:`scheduled` says a graph issues before its first kernel, the syncs between its
+    first and last kernel, and what it issues from its last kernel on."""
+    kernels = [i for i, item in enumerate(issued) if item == ("kernel",)]
+    first, last = kernels[0], kernels[-1]
+    return issued[:first], [item for item in issued[first:last] if item != ("kernel",)], issued[last:]
+
+
 def test_an_aot_inductor_package_issues_every_kernel_on_one_stream_with_its_syncs(fresh_caches, monkeypatch, tmp_path):
     """Inductor's C++ wrapper (AOT Inductor here; ``cpp_wrapper=True`` takes the same lowering)
     has no stream contexts: torch writes a Python ``with stream1:`` into the C++ of a graph whose
@@ -478,12 +486,10 @@ def test_an_aot_inductor_package_issues_every_kernel_on_one_stream_with_its_sync
     assert "with stream" not in wrapper and "proxy_executor_call_function" in wrapper
     assert calls.count('"streams::') == planned_syncs(r.verified_graph) > 0
     issued = order[-1]
-    kernels = [i for i, item in enumerate(issued) if item == ("kernel",)]
-    first, last = kernels[0], kernels[-1]
     if ordered_after_syncs():
-        assert issued[:first] == [("wait_stream", 0, 1), ("wait_stream", 0, 2)]
-        assert {("wait_stream", 1, 0), ("wait_stream", 2, 0)} <= set(issued[last:])
-        between = [item for item in issued[first:last] if item != ("kernel",)]
+        before, between, after = around_kernels(issued)
+        assert before == [("wait_stream", 0, 1), ("wait_stream", 0, 2)]
+        assert {("wait_stream", 1, 0), ("wait_stream", 2, 0)} <= set(after)
         assert all(item[-1] == 0 for item in between), between
     else:  # torch 2.12 (its lowering keeps no kernel after a sync) and 2.11: the plan's own syncs
         assert ("wait_stream", 0, 1) not in issued
@@ -566,15 +572,11 @@ def test_user_syncs_in_stream_blocks_compile_under_the_cpp_wrapper_between_the_j
         with pytest.raises(_Compiled):
             torch.compile(fn, backend=_compile_only_with_cpp_wrapper, fullgraph=True)(*p.inputs())
     (issued,) = order
-    kernels = [i for i, item in enumerate(issued) if item == ("kernel",)]
     if ordered_after_syncs():
-        entry = {item[2] for item in issued[: kernels[0]] if item[:2] == ("wait_stream", 0) and item[2] != 0}
-        exits = {
-            item[1] for item in issued[kernels[-1] :] if item[0] == "wait_stream" and item[2] == 0 and item[1] != 0
-        }
+        before, between, after = around_kernels(issued)
+        entry = {item[2] for item in before if item[:2] == ("wait_stream", 0) and item[2] != 0}
+        exits = {item[1] for item in after if item[0] == "wait_stream" and item[2] == 0 and item[1] != 0}
         assert entry and entry == exits, issued
-        events = [item for item in issued[kernels[0] : kernels[-1]] if item[0] in ("record_event", "wait_event")]
-        streams = [
-            item for item in issued[kernels[0] : kernels[-1]] if item[0] in ("wait_stream", "synchronize_stream")
-        ]
+        events = [item for item in between if item[0] in ("record_event", "wait_event")]
+        streams = [item for item in between if item[0] in ("wait_stream", "synchronize_stream")]
         assert all(item[2] == 0 for item in events) and all(set(item[1:]) == {0} for item in streams), issued

@@ -88,12 +88,6 @@ def ordered_after_syncs() -> bool:
     return compat.INDUCTOR_ISSUES_ON_STREAMS and compat.LOWERING_ORDERS_AFTER_SYNCS
 
 
-def why_planned_on_one_stream() -> str | None:
-    """:func:`why_one_stream`, where StreamPass plans the graph as its one-stream program
-    (:func:`onto_current_stream`): where the lowering keeps the joins before and after the kernels."""
-    return why_one_stream() if ordered_after_syncs() else None
-
-
 def one_stream(gm: torch.fx.GraphModule, why: str) -> None:
     """Drop every node's ``custom.stream``, so that inductor issues all of ``gm``'s kernels on the
     current stream, in their data order (the syncs stay and do what they say), with a warning
@@ -168,8 +162,9 @@ def onto_current_stream(gm: torch.fx.GraphModule, a: StreamAssignment, why: str)
 def as_compiled(gm: torch.fx.GraphModule, a: StreamAssignment, external) -> StreamAssignment:
     """The reading of the GPU graph ``gm`` (read as ``a``, with the ``external`` events) that
     StreamPass plans: ``a``, or where this compile plans on one stream, the reading of the
-    one-stream program :func:`onto_current_stream` makes of it."""
-    why = why_planned_on_one_stream()
+    one-stream program :func:`onto_current_stream` makes of it: where the lowering keeps the joins
+    before and after the kernels."""
+    why = why_one_stream() if ordered_after_syncs() else None
     if why is None or not onto_current_stream(gm, a, why):
         return a
     return read_streams(gm, external)
