@@ -15,6 +15,12 @@ block (no torch file is edited), and only where the torch in use has that attrib
   ("Node sum_2 was invalid, but is output"): any training program with ``s.wait_stream(...)``
   in its forward, with or without streampass. The backward runs after the forward in a graph of
   its own, so a forward wait needs to order nothing of it: those are dropped.
+* The same pass threads every graph input through a forward ``e.synchronize()`` on an event the
+  graph does not record (one recorded by eager code or an earlier graph), the tangents included,
+  with the same partitioner failure ("Node mul was invalid, but is output"; torch 2.12 and 2.13,
+  with or without streampass; 2.14 scopes dependencies to their partition): where
+  ``_wrap_sync_node`` still has 2.13's four arguments, a forward sync drops its backward
+  dependencies.
 * The same pass re-points every later use of a threaded value at its passthrough, the epilogue
   ``copy_`` into a graph input included (a buffer updated on the waiting stream: batch norm's
   running statistics, an EMA), and AOT refuses the graph ("n=copy_, n.args[0]=getitem_3";
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Iterator
 
 import torch
@@ -57,8 +64,8 @@ def _guarded_sync_deallocations():
 def _sync_deps_guards() -> tuple:
     """``(module, name, original, guarded)`` for each step of ``wrap_all_sync_nodes_with_
     control_deps`` guarded on this torch (see the module's docstring): 2.13's pre-pass
-    ``_collect_wait_stream_forward_deps`` (wait_stream -> its dependencies), and the pass itself
-    as AOT autograd's ``graph_capture`` calls it (2.12 on)."""
+    ``_collect_wait_stream_forward_deps`` (wait_stream -> its dependencies), the wrapping of one
+    sync (2.12 and 2.13), and the pass itself as AOT autograd's ``graph_capture`` calls it (2.12 on)."""
     from torch._functorch._aot_autograd import graph_capture, streams
 
     guards = []
@@ -79,6 +86,21 @@ def _sync_deps_guards() -> tuple:
 
         keep_forward.__wrapped__ = original
         guards.append((streams, "_collect_wait_stream_forward_deps", original, keep_forward))
+    original = getattr(streams, "_wrap_sync_node", None)
+    if original is not None and list(inspect.signature(original).parameters) == [
+        "gm",
+        "sync_node",
+        "deps_before_sync",
+        "visited",
+    ]:
+
+        def forward_deps_only(gm, sync_node, deps_before_sync, visited, original=original):
+            if not streams.is_bwd_node(sync_node):
+                deps_before_sync = [d for d in deps_before_sync if not streams.is_bwd_node(d)]
+            return original(gm, sync_node, deps_before_sync, visited)
+
+        forward_deps_only.__wrapped__ = original
+        guards.append((streams, "_wrap_sync_node", original, forward_deps_only))
     original = getattr(graph_capture, "wrap_all_sync_nodes_with_control_deps", None)
     if original is not None:
 

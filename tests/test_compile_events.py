@@ -106,6 +106,46 @@ def test_a_graph_break_between_record_and_wait(training):
     _check_reports([r for r in p.reports if r.graph != "backward"], ran)
 
 
+def synchronize_on_s2(y):
+    with S2:
+        v = y.sin()
+        E.synchronize()  # E: recorded before the graph, by the graph before the break
+        return v * 2
+
+
+def record_break_synchronize(x):
+    y = record_on_s1(x)
+    torch._dynamo.graph_break()
+    return synchronize_on_s2(y)
+
+
+def test_a_training_forward_synchronizes_on_an_event_recorded_before_it():
+    """torch 2.12 and 2.13 thread every graph input through the ``control_deps`` of an
+    ``e.synchronize()`` whose event the graph does not record, the loss's incoming gradient
+    included, so the second forward's output depended on a backward input and AOT's partitioner
+    failed ("Node mul was invalid, but is output"), with or without streampass (found by a
+    compile fuzz). Under ``enabled()`` a forward sync keeps to the forward's dependencies
+    (aot_guard.py). Backward after the block, as a training loop does."""
+    x = torch.randn(8)
+    want, args_e = reference(record_break_synchronize, lambda: [x.clone().requires_grad_()])
+    p = spi.StreamPass(keep_graphs=True)
+    x_c = x.clone().requires_grad_()
+    with spi.enabled(p):
+        got = torch.compile(record_break_synchronize)(x_c)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(x_c.grad, args_e[0].grad)
+    assert [r.graph for r in p.reports] == ["forward", "forward", "backward", "backward"]
+    assert all(sp.verify(r.verified_graph, r.external_events).ok for r in p.reports)
+    recorder, synchronizer = p.reports[:2]
+    if compat.STREAM_METHODS_ARE_OPS:  # torch 2.11 runs Event.synchronize() while tracing
+        (event,) = synchronizer.external_events
+        assert event in _event_records(recorder.verified_graph)
+        sync_targets = [c.target for c in sp.read_streams(synchronizer.verified_graph, (event,)).syncs.values()]
+        assert ops.SYNC_EVENT in sync_targets
+
+
 def steady_state_step(x):
     """Each call starts by waiting on the record the previous call made at its end: the wait
     comes before the graph's own record of the same event."""

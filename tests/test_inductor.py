@@ -488,6 +488,44 @@ def test_sync_deps_guards_drop_backward_deps_of_a_forward_wait_inside_the_guard_
     assert getattr(streams, name, None) is original
 
 
+@pytest.mark.parametrize("shape", ["2.13", "2.14"])
+def test_a_forward_sync_is_wrapped_without_backward_deps_inside_the_guard_only(shape):
+    """torch 2.12 and 2.13 thread every graph input, ``tangents_1`` included, through a forward
+    ``e.synchronize()`` on an event the graph does not record (aot_guard.py): inside the guard
+    the wrapping of a forward sync (of any kind) gets only the forward's dependencies, a
+    backward sync keeps them all, and torch's own function is back after it. 2.14's wrapper (a fifth argument, its
+    dependencies scoped to their partition) is left alone."""
+    from torch._functorch._aot_autograd import streams
+
+    g = torch.fx.Graph()
+    x, t = g.placeholder("primals_1"), g.placeholder("tangents_1")
+    t.meta["partitioner_tag"] = "is_backward"
+    fw_sync = g.call_function(ops.WAIT_EVENT, (3, 0))
+    bw_sync = g.call_function(ops.WAIT_EVENT, (3, 0))
+    bw_sync.meta["partitioner_tag"] = "is_backward"
+    given = []
+
+    def wrap_213(gm, sync_node, deps_before_sync, visited):
+        given.append((sync_node, deps_before_sync))
+
+    def wrap_214(gm, sync_node, deps_before_sync, visited, partition_scoped_deps=None):
+        given.append((sync_node, deps_before_sync))
+
+    fake = wrap_213 if shape == "2.13" else wrap_214
+    original = getattr(streams, "_wrap_sync_node", None)
+    with mock.patch.object(streams, "_wrap_sync_node", fake, create=True):
+        aot_guard._sync_deps_guards.cache_clear()
+        try:
+            with spi.cpu_safe_aot_stream_passes():
+                streams._wrap_sync_node(None, fw_sync, [x, t], set())
+                streams._wrap_sync_node(None, bw_sync, [x, t], set())
+            assert streams._wrap_sync_node is fake
+        finally:
+            aot_guard._sync_deps_guards.cache_clear()
+    assert getattr(streams, "_wrap_sync_node", None) is original
+    assert given == [(fw_sync, [x] if shape == "2.13" else [x, t]), (bw_sync, [x, t])]
+
+
 def _buffer_read_after_a_wait() -> tuple[torch.fx.GraphModule, dict]:
     """``side`` (stream 1) wrote ``buf`` before the graph and computes ``y`` in it; the current
     stream (0) waits for it, then updates ``buf`` in place: functionalization's ``add`` and its
