@@ -21,6 +21,12 @@ block (no torch file is edited), and only where the torch in use has that attrib
   with or without streampass; 2.14 scopes dependencies to their partition): where
   ``_wrap_sync_node`` still has 2.13's four arguments, a forward sync drops its backward
   dependencies.
+* 2.14 and 2.15 scope those dependencies to their partition, but read a node with no
+  ``partitioner_tag`` as forward, and the gradient's views that AOT returns for inputs the
+  forward concatenated have none: ``_collect_sync_forward_deps`` reaches ``tangents_1`` through
+  them, a forward ``s.synchronize()`` after an ``e.record()`` depends on it, and the partitioner
+  has no cut ("failed to partition the joint forward-backward graph"). The same rule, applied to
+  both maps that function returns.
 * The same pass re-points every later use of a threaded value at its passthrough, the epilogue
   ``copy_`` into a graph input included (a buffer updated on the waiting stream: batch norm's
   running statistics, an EMA), and AOT refuses the graph ("n=copy_, n.args[0]=getitem_3";
@@ -65,17 +71,18 @@ def _sync_deps_guards() -> tuple:
     """``(module, name, original, guarded)`` for each step of ``wrap_all_sync_nodes_with_
     control_deps`` guarded on this torch (see the module's docstring): 2.13's pre-pass
     ``_collect_wait_stream_forward_deps`` (wait_stream -> its dependencies), the wrapping of one
-    sync (2.12 and 2.13), and the pass itself as AOT autograd's ``graph_capture`` calls it (2.12 on)."""
+    sync (2.12 and 2.13), 2.14's pre-pass ``_collect_sync_forward_deps`` (waits and CPU barriers
+    -> their dependencies), and the pass itself as AOT autograd's ``graph_capture`` calls it (2.12 on)."""
     from torch._functorch._aot_autograd import graph_capture, streams
+
+    def kept(sync: torch.fx.Node, dep: torch.fx.Node) -> bool:
+        return streams.is_bwd_node(sync) or not streams.is_bwd_node(dep)
 
     guards = []
     original = getattr(streams, "_collect_wait_stream_forward_deps", None)
     if original is not None:
 
         def keep_forward(graph: torch.fx.Graph, original=original) -> dict:
-            def kept(wait: torch.fx.Node, dep: torch.fx.Node) -> bool:
-                return not (streams.is_bwd_node(dep) and not streams.is_bwd_node(wait))
-
             # torch returns each list from a set, in an order that differs between processes:
             # graph order keeps the backward's inputs, and so its FX-graph cache key, the same.
             position = {n: i for i, n in enumerate(graph.nodes)}
@@ -95,12 +102,22 @@ def _sync_deps_guards() -> tuple:
     ]:
 
         def forward_deps_only(gm, sync_node, deps_before_sync, visited, original=original):
-            if not streams.is_bwd_node(sync_node):
-                deps_before_sync = [d for d in deps_before_sync if not streams.is_bwd_node(d)]
+            deps_before_sync = [d for d in deps_before_sync if kept(sync_node, d)]
             return original(gm, sync_node, deps_before_sync, visited)
 
         forward_deps_only.__wrapped__ = original
         guards.append((streams, "_wrap_sync_node", original, forward_deps_only))
+    original = getattr(streams, "_collect_sync_forward_deps", None)
+    if original is not None:
+
+        def forward_syncs_keep_forward(graph: torch.fx.Graph, original=original) -> tuple:
+            return tuple(
+                {sync: type(deps)(d for d in deps if kept(sync, d)) for sync, deps in by_sync.items()}
+                for by_sync in original(graph)
+            )
+
+        forward_syncs_keep_forward.__wrapped__ = original
+        guards.append((streams, "_collect_sync_forward_deps", original, forward_syncs_keep_forward))
     original = getattr(graph_capture, "wrap_all_sync_nodes_with_control_deps", None)
     if original is not None:
 

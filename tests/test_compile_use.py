@@ -83,6 +83,32 @@ def test_user_syncs_compile_and_every_planned_sync_runs(fn, training):
     assert ran >= sum(planned_syncs(r.verified_graph) for r in graphs) > 0
 
 
+def window_of_two_inputs_then_synchronize(x, w, y):
+    window = torch.cat([w, x], 1)[:, 3:7]
+    e = torch.Event("cpu")
+    with S1:
+        e.record(S1)
+        window.sin_()
+        z = y.clone()
+    S2.synchronize()
+    return z + window.sin()
+
+
+def test_a_training_forward_synchronizes_after_a_record_and_an_in_place_window_write():
+    """A compile fuzz's program, reduced: on torch 2.14 and 2.15 the ``s.synchronize()`` in the
+    forward got the loss's incoming gradient (``tangents_1``) among its dependencies (torch
+    counts the gradient's views of ``x`` and ``w`` as forward nodes), so it had to run in the
+    backward, after the record it depends on, which only the forward can run: "AOT Autograd
+    failed to partition the joint forward-backward graph", with or without streampass. Under
+    ``enabled()`` a forward sync keeps to the forward's dependencies (aot_guard.py)."""
+    p, ran = compile_and_compare(window_of_two_inputs_then_synchronize, *torch.randn(3, 4, 4), training=True)
+    assert [r.graph for r in p.reports] == ["forward", "backward"]
+    assert ran >= sum(planned_syncs(r.verified_graph) for r in p.reports) > 0
+    if compat.STREAM_METHODS_ARE_OPS:  # torch 2.11 runs s.synchronize() while tracing
+        forward = sp.read_streams(p.reports[0].verified_graph, p.reports[0].external_events)
+        assert ops.SYNC_STREAM in [c.target for c in forward.syncs.values()]
+
+
 class _Keep(CustomGraphPass):
     """A post-grad pass that keeps a copy of the graph it is given (what StreamPass gets next)."""
 

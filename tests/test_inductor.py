@@ -488,6 +488,42 @@ def test_sync_deps_guards_drop_backward_deps_of_a_forward_wait_inside_the_guard_
     assert getattr(streams, name, None) is original
 
 
+def test_sync_deps_guards_drop_backward_deps_of_every_forward_sync_from_2_14s_pre_pass():
+    """torch 2.14 and 2.15 collect, before wrapping, what each wait and each CPU barrier threads
+    (``_collect_sync_forward_deps``: two maps, sync -> dependencies) and count an untagged
+    gradient view as forward, so a forward sync could get ``tangents_1`` (aot_guard.py). Inside
+    the guard a forward sync of either map drops the backward's, a backward sync keeps them all,
+    the kind of set torch returns is kept, and torch's own function is back after it."""
+    from torch._functorch._aot_autograd import streams
+    from torch.utils._ordered_set import OrderedSet
+
+    g = torch.fx.Graph()
+    x, t = g.placeholder("primals_1"), g.placeholder("tangents_1")
+    t.meta["partitioner_tag"] = "is_backward"
+    # the guard reads partitions, not targets (torch 2.11, where this test runs too, has no synchronize ops)
+    fw_wait, fw_barrier = g.call_function(ops.WAIT_STREAM, (0, 1)), g.call_function(ops.WAIT_EVENT, (3, 1))
+    bw_wait = g.call_function(ops.WAIT_STREAM, (0, 1))
+    bw_wait.meta["partitioner_tag"] = "is_backward"
+
+    def collect(graph):
+        return {fw_wait: OrderedSet([t, x]), bw_wait: OrderedSet([t, x])}, {fw_barrier: OrderedSet([x, t])}
+
+    name = "_collect_sync_forward_deps"
+    original = getattr(streams, name, None)
+    with mock.patch.object(streams, name, collect, create=True):
+        aot_guard._sync_deps_guards.cache_clear()
+        try:
+            with spi.cpu_safe_aot_stream_passes():
+                waits, barriers = getattr(streams, name)(g)
+            assert getattr(streams, name) is collect
+        finally:
+            aot_guard._sync_deps_guards.cache_clear()
+    assert getattr(streams, name, None) is original
+    assert waits == {fw_wait: OrderedSet([x]), bw_wait: OrderedSet([t, x])} and list(waits[bw_wait]) == [t, x]
+    assert barriers == {fw_barrier: OrderedSet([x])}
+    assert all(type(deps) is OrderedSet for deps in (*waits.values(), *barriers.values()))
+
+
 @pytest.mark.parametrize("shape", ["2.13", "2.14"])
 def test_a_forward_sync_is_wrapped_without_backward_deps_inside_the_guard_only(shape):
     """torch 2.12 and 2.13 thread every graph input, ``tangents_1`` included, through a forward
