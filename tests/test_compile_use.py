@@ -94,19 +94,37 @@ def window_of_two_inputs_then_synchronize(x, w, y):
     return z + window.sin()
 
 
-def test_a_training_forward_synchronizes_after_a_record_and_an_in_place_window_write():
-    """A compile fuzz's program, reduced: on torch 2.14 and 2.15 the ``s.synchronize()`` in the
-    forward got the loss's incoming gradient (``tangents_1``) among its dependencies (torch
-    counts the gradient's views of ``x`` and ``w`` as forward nodes), so it had to run in the
-    backward, after the record it depends on, which only the forward can run: "AOT Autograd
+def window_of_two_inputs_then_wait_stream(x, w, y):
+    with AMB:
+        window = torch.cat([w, x], 1)[:, 3:7]
+        e = torch.Event("cpu")
+        with S1:
+            e.record(S1)
+            window.sin_()
+            z = y.clone()
+        AMB.wait_stream(S1)
+        return z + window.sin()
+
+
+WINDOW_SYNCS = {"synchronize": (window_of_two_inputs_then_synchronize, ops.SYNC_STREAM)}
+if compat.STREAM_METHODS_ARE_OPS:  # torch 2.11 runs wait_stream() while tracing: a CPU event
+    WINDOW_SYNCS["wait_stream"] = (window_of_two_inputs_then_wait_stream, ops.WAIT_STREAM)
+
+
+@pytest.mark.parametrize("fn, sync", list(WINDOW_SYNCS.values()), ids=list(WINDOW_SYNCS))
+def test_a_training_forward_syncs_after_a_record_and_an_in_place_window_write(fn, sync):
+    """A compile fuzz's program, reduced: on torch 2.14 and 2.15 the forward's ``s.synchronize()``
+    (or ``wait_stream``) got the loss's incoming gradient (``tangents_1``) among its dependencies
+    (torch counts the gradient's views of ``x`` and ``w`` as forward nodes), so it had to run in
+    the backward, after the record it depends on, which only the forward can run: "AOT Autograd
     failed to partition the joint forward-backward graph", with or without streampass. Under
     ``enabled()`` a forward sync keeps to the forward's dependencies (aot_guard.py)."""
-    p, ran = compile_and_compare(window_of_two_inputs_then_synchronize, *torch.randn(3, 4, 4), training=True)
+    p, ran = compile_and_compare(fn, *torch.randn(3, 4, 4), training=True)
     assert [r.graph for r in p.reports] == ["forward", "backward"]
     assert ran >= sum(planned_syncs(r.verified_graph) for r in p.reports) > 0
     if compat.STREAM_METHODS_ARE_OPS:  # torch 2.11 runs s.synchronize() while tracing
         forward = sp.read_streams(p.reports[0].verified_graph, p.reports[0].external_events)
-        assert ops.SYNC_STREAM in [c.target for c in forward.syncs.values()]
+        assert sync in [c.target for c in forward.syncs.values()]
 
 
 class _Keep(CustomGraphPass):
