@@ -83,32 +83,24 @@ def test_user_syncs_compile_and_every_planned_sync_runs(fn, training):
     assert ran >= sum(planned_syncs(r.verified_graph) for r in graphs) > 0
 
 
-def window_of_two_inputs_then_synchronize(x, w, y):
-    window = torch.cat([w, x], 1)[:, 3:7]
-    e = torch.Event("cpu")
-    with S1:
-        e.record(S1)
-        window.sin_()
-        z = y.clone()
-    S2.synchronize()
-    return z + window.sin()
+def window_of_two_inputs_then(sync):
+    def program(x, w, y):
+        with AMB:
+            window = torch.cat([w, x], 1)[:, 3:7]
+            e = torch.Event("cpu")
+            with S1:
+                e.record(S1)
+                window.sin_()
+                z = y.clone()
+            sync()
+            return z + window.sin()
+
+    return program
 
 
-def window_of_two_inputs_then_wait_stream(x, w, y):
-    with AMB:
-        window = torch.cat([w, x], 1)[:, 3:7]
-        e = torch.Event("cpu")
-        with S1:
-            e.record(S1)
-            window.sin_()
-            z = y.clone()
-        AMB.wait_stream(S1)
-        return z + window.sin()
-
-
-WINDOW_SYNCS = {"synchronize": (window_of_two_inputs_then_synchronize, ops.SYNC_STREAM)}
+WINDOW_SYNCS = {"synchronize": (window_of_two_inputs_then(lambda: S2.synchronize()), ops.SYNC_STREAM)}
 if compat.STREAM_METHODS_ARE_OPS:  # torch 2.11 runs wait_stream() while tracing: a CPU event
-    WINDOW_SYNCS["wait_stream"] = (window_of_two_inputs_then_wait_stream, ops.WAIT_STREAM)
+    WINDOW_SYNCS["wait_stream"] = (window_of_two_inputs_then(lambda: AMB.wait_stream(S1)), ops.WAIT_STREAM)
 
 
 @pytest.mark.parametrize("fn, sync", list(WINDOW_SYNCS.values()), ids=list(WINDOW_SYNCS))
