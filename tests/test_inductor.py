@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -462,13 +463,29 @@ def test_aot_guard_skips_cpu_graphs_only_and_restores():
     assert graph_capture.sync_deallocations is original
 
 
+@contextlib.contextmanager
+def _aot_streams_function_in_the_guard(name: str, fake):
+    """``fake`` stands in for torch's ``streams.<name>``; inside, the AOT guard is on and the
+    function it installed for ``name`` is yielded; after, ``fake`` is back, then torch's own."""
+    from torch._functorch._aot_autograd import streams
+
+    original = getattr(streams, name, None)
+    with mock.patch.object(streams, name, fake, create=True):
+        aot_guard._sync_deps_guards.cache_clear()
+        try:
+            with spi.cpu_safe_aot_stream_passes():
+                yield getattr(streams, name)
+            assert getattr(streams, name) is fake
+        finally:
+            aot_guard._sync_deps_guards.cache_clear()
+    assert getattr(streams, name, None) is original
+
+
 def test_sync_deps_guards_drop_backward_deps_of_a_forward_wait_inside_the_guard_only():
     """torch 2.13's pre-pass of wrap_all_sync_nodes_with_control_deps (aot_guard.py) is swapped
     inside the guard and back after it: a forward wait drops what only the backward has
     (``tangents_1``) and keeps the rest, a graph input copied back into included; a backward
     wait keeps the backward's."""
-    from torch._functorch._aot_autograd import streams
-
     g = torch.fx.Graph()
     x, buf, t = g.placeholder("primals_1"), g.placeholder("primals_2"), g.placeholder("tangents_1")
     t.meta["partitioner_tag"] = "is_backward"
@@ -476,16 +493,9 @@ def test_sync_deps_guards_drop_backward_deps_of_a_forward_wait_inside_the_guard_
     bw_wait = g.call_function(ops.WAIT_STREAM, (0, 1))
     bw_wait.meta["partitioner_tag"] = "is_backward"
     g.call_function(torch.ops.aten.copy_.default, (buf, x))
-    name = "_collect_wait_stream_forward_deps"
-    original = getattr(streams, name, None)
-    with mock.patch.object(streams, name, lambda graph: {fw_wait: [x, buf, t], bw_wait: [x, buf, t]}, create=True):
-        aot_guard._sync_deps_guards.cache_clear()
-        try:
-            with spi.cpu_safe_aot_stream_passes():
-                assert getattr(streams, name)(g) == {fw_wait: [x, buf], bw_wait: [x, buf, t]}
-        finally:
-            aot_guard._sync_deps_guards.cache_clear()
-    assert getattr(streams, name, None) is original
+    found = {fw_wait: [x, buf, t], bw_wait: [x, buf, t]}
+    with _aot_streams_function_in_the_guard("_collect_wait_stream_forward_deps", lambda graph: found) as guarded:
+        assert guarded(g) == {fw_wait: [x, buf], bw_wait: [x, buf, t]}
 
 
 def test_sync_deps_guards_drop_backward_deps_of_every_forward_sync_from_2_14s_pre_pass():
@@ -494,7 +504,6 @@ def test_sync_deps_guards_drop_backward_deps_of_every_forward_sync_from_2_14s_pr
     gradient view as forward, so a forward sync could get ``tangents_1`` (aot_guard.py). Inside
     the guard a forward sync of either map drops the backward's, a backward sync keeps them all,
     the kind of set torch returns is kept, and torch's own function is back after it."""
-    from torch._functorch._aot_autograd import streams
     from torch.utils._ordered_set import OrderedSet
 
     g = torch.fx.Graph()
@@ -508,17 +517,8 @@ def test_sync_deps_guards_drop_backward_deps_of_every_forward_sync_from_2_14s_pr
     def collect(graph):
         return {fw_wait: OrderedSet([t, x]), bw_wait: OrderedSet([t, x])}, {fw_barrier: OrderedSet([x, t])}
 
-    name = "_collect_sync_forward_deps"
-    original = getattr(streams, name, None)
-    with mock.patch.object(streams, name, collect, create=True):
-        aot_guard._sync_deps_guards.cache_clear()
-        try:
-            with spi.cpu_safe_aot_stream_passes():
-                waits, barriers = getattr(streams, name)(g)
-            assert getattr(streams, name) is collect
-        finally:
-            aot_guard._sync_deps_guards.cache_clear()
-    assert getattr(streams, name, None) is original
+    with _aot_streams_function_in_the_guard("_collect_sync_forward_deps", collect) as guarded:
+        waits, barriers = guarded(g)
     assert waits == {fw_wait: OrderedSet([x]), bw_wait: OrderedSet([t, x])} and list(waits[bw_wait]) == [t, x]
     assert barriers == {fw_barrier: OrderedSet([x])}
     assert all(type(deps) is OrderedSet for deps in (*waits.values(), *barriers.values()))
@@ -531,8 +531,6 @@ def test_a_forward_sync_is_wrapped_without_backward_deps_inside_the_guard_only(s
     the wrapping of a forward sync (of any kind) gets only the forward's dependencies, a
     backward sync keeps them all, and torch's own function is back after it. 2.14's wrapper (a fifth argument, its
     dependencies scoped to their partition) is left alone."""
-    from torch._functorch._aot_autograd import streams
-
     g = torch.fx.Graph()
     x, t = g.placeholder("primals_1"), g.placeholder("tangents_1")
     t.meta["partitioner_tag"] = "is_backward"
@@ -548,17 +546,9 @@ def test_a_forward_sync_is_wrapped_without_backward_deps_inside_the_guard_only(s
         given.append((sync_node, deps_before_sync))
 
     fake = wrap_213 if shape == "2.13" else wrap_214
-    original = getattr(streams, "_wrap_sync_node", None)
-    with mock.patch.object(streams, "_wrap_sync_node", fake, create=True):
-        aot_guard._sync_deps_guards.cache_clear()
-        try:
-            with spi.cpu_safe_aot_stream_passes():
-                streams._wrap_sync_node(None, fw_sync, [x, t], set())
-                streams._wrap_sync_node(None, bw_sync, [x, t], set())
-            assert streams._wrap_sync_node is fake
-        finally:
-            aot_guard._sync_deps_guards.cache_clear()
-    assert getattr(streams, "_wrap_sync_node", None) is original
+    with _aot_streams_function_in_the_guard("_wrap_sync_node", fake) as guarded:
+        guarded(None, fw_sync, [x, t], set())
+        guarded(None, bw_sync, [x, t], set())
     assert given == [(fw_sync, [x] if shape == "2.13" else [x, t]), (bw_sync, [x, t])]
 
 
