@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from streampass import collective_buckets, compat, compile_hook, ops, runtime, values
+from streampass import collective_buckets, compat, compile_hook, ops, runtime
 from streampass.analysis import bodies, wellformed
 from streampass.analysis.reading import events_recorded_outside, read_streams
 from streampass.aot_guard import aot_guard_off, aot_guard_on, cpu_safe_aot
@@ -140,12 +140,13 @@ class StreamPass(PassBase):
             # is planned, verified and lowered as part of that graph.
             return
         if bodies.is_inlined(graph.owning_module):  # lowered into its op, which the caller's plan orders
-            lower_inlined(graph.owning_module, _gpu(values.graph_device(graph)))
+            lower_inlined(graph.owning_module, _gpu(dynamo_indices.compiled_graph_device(graph.owning_module)))
             return
         if (late := wellformed.runtime_index(graph)) is not None:  # nothing here to read or plan
             warnings.warn(StreamPassWarning(f"node {late.name!r}: {wellformed.RUNTIME_INDEX}"), stacklevel=2)
             return
-        gm, kind, device = graph.owning_module, compat.graph_kind(graph, is_inference), values.graph_device(graph)
+        gm, kind = graph.owning_module, compat.graph_kind(graph, is_inference)
+        device = dynamo_indices.compiled_graph_device(gm)
         backward = kind == "backward"
         if not backward and compile_hook.compiling_frame():
             _check_shared_indices(gm)

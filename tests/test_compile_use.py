@@ -83,6 +83,95 @@ def test_user_syncs_compile_and_every_planned_sync_runs(fn, training):
     assert ran >= sum(planned_syncs(r.verified_graph) for r in graphs) > 0
 
 
+def only_event_syncs(x):
+    with AMB:
+        e = torch.Event("cpu")
+        e.record(S1)
+        S2.wait_event(e)
+        return 3
+
+
+def only_synchronize(x):
+    with AMB:
+        S1.synchronize()
+        return 3
+
+
+def only_wait_stream(x):  # pytorch issue 194234's program
+    with AMB:
+        S1.wait_stream(AMB)
+        return [1.0]
+
+
+SYNCS_ALONE = {only_event_syncs: (ops.RECORD_EVENT, ops.WAIT_EVENT)}
+if compat.STREAM_METHODS_ARE_OPS:
+    SYNCS_ALONE |= {only_synchronize: (ops.SYNC_STREAM,), only_wait_stream: (ops.WAIT_STREAM,)}
+
+
+@pytest.mark.parametrize("fn", SYNCS_ALONE, ids=[f.__name__ for f in SYNCS_ALONE])
+def test_a_frame_of_syncs_alone_runs_them_cold_and_warm(fn):
+    """A compiled frame with syncs and no tensor (code between graph breaks that only
+    synchronizes) has no tensor to say its device: it was read as a CPU graph, and its syncs,
+    with none to order, were dropped. On CUDA the user's ``s.synchronize()`` or ``wait_stream``
+    would have been lost; plain inductor keeps them. Now its device is its streams' (on CPU
+    here), and every planned sync runs, cold and warm."""
+    ran = {}
+    for run in ("cold", "warm"):
+        torch._dynamo.reset()
+        p, before = spi.StreamPass(keep_graphs=True), spi.RUNTIME_SYNCS.copy()
+        with spi.enabled(p):
+            out = torch.compile(fn)(torch.ones(4))
+        ran[run] = spi.RUNTIME_SYNCS - before
+        assert out == ([1.0] if fn is only_wait_stream else 3)
+        if run == "cold":
+            (report,) = p.reports
+            assert report.device == "cpu"
+            assert ran[run].total() >= planned_syncs(report.verified_graph)
+    assert ran["warm"] == ran["cold"]  # 2.13 serves the warm run from its FX-graph cache, 2.14 and 2.15 compile again
+    assert all(ran["cold"][op._opname] >= 1 for op in SYNCS_ALONE[fn]), ran["cold"]
+
+
+class _CudaStream:
+    """Stands in for a CUDA stream in dynamo's object table (it keeps weak references)."""
+
+    device = torch.device("cuda", 0)
+
+
+def test_a_graph_of_syncs_alone_runs_on_the_device_of_the_streams_it_names(monkeypatch):
+    """What decides the lowering of a frame of syncs alone on a machine with an accelerator: the
+    streams and events its syncs name in dynamo's table (a CUDA stream's sync stays a CUDA sync,
+    a CPU stream's goes to CPU), the current accelerator for a sync that names none; a graph with
+    tensors is on its tensors' device."""
+    from torch._dynamo import graph_bytecode_inputs as table
+
+    from streampass.transform.dynamo_indices import compiled_graph_device
+
+    def device_of(*calls):
+        g = torch.fx.Graph()
+        for target, args in calls:
+            g.call_function(target, args)
+        g.output(())
+        return compiled_graph_device(torch.fx.GraphModule(torch.nn.Module(), g))
+
+    assert device_of((ops.WAIT_EVENT, (7, 1))) == torch.device("cpu")  # no accelerator here
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *args: torch.device("cuda"))
+    objects = [torch.Stream("cpu"), _CudaStream()]  # indices 0 and 1; event 7 is not in the table
+    table.reset_user_object_tracking()
+    try:
+        for o in objects:
+            table.register_graph_created_object(o, lambda index, codegen: None)
+        assert device_of((ops.WAIT_EVENT, (7, 1))) == torch.device("cuda", 0)
+        assert device_of((ops.WAIT_EVENT, (7, 0))) == torch.device("cpu")
+        assert device_of((ops.RECORD_EVENT, (7, 0)), (ops.WAIT_EVENT, (7, 1))) == torch.device("cuda", 0)
+        assert device_of((ops.WAIT_EVENT, (7, 8))) == torch.device("cuda")  # names nothing in the table
+        if ops.exists(ops.SYNC_DEVICE):
+            assert device_of((ops.SYNC_DEVICE, ())) == torch.device("cuda")
+        assert compiled_graph_device(make_fx(torch.sin)(torch.ones(2))) == torch.device("cpu")
+    finally:
+        table.reset_user_object_tracking()
+
+
 def window_of_two_inputs_then(sync):
     def program(x, w, y):
         with AMB:

@@ -173,6 +173,28 @@ def test_an_event_recorded_eagerly_is_waited_on_by_a_compiled_graph():
     assert r.external_events and sp.verify(r.verified_graph, r.external_events).ok, r.line()
 
 
+def test_a_frame_of_syncs_alone_keeps_them_on_cuda():
+    """A graph with syncs and no tensor is on its streams' device (it was read as a CPU graph,
+    and the CPU lowering dropped the syncs: tests/test_compile_use.py)."""
+    from torch._inductor.utils import run_and_get_code
+
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def f(x):
+        e = torch.cuda.Event()
+        e.record(s1)
+        s2.wait_event(e)
+        return 3
+
+    p = spi.StreamPass()
+    with spi.enabled(p):
+        out, code = run_and_get_code(torch.compile(f), torch.ones(4, device="cuda"))
+    assert out == 3
+    (r,) = p.reports
+    assert r.device.startswith("cuda") and r.lowering == "native", r.line()
+    assert all(op in "".join(code) for op in ("record_event", "wait_event")), code
+
+
 def test_ops_whose_subgraphs_inductor_inlines_train_on_a_side_stream():
     """Flex attention (forward and backward: its score, mask and joint subgraphs are lowered into
     triton templates) and a pointwise ``associative_scan`` (its combine function, CUDA only) on a

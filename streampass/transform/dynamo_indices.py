@@ -28,6 +28,7 @@ from streampass import ops
 from streampass.compat import registered_object
 from streampass.ops import SP_STREAM_KEY
 from streampass.transform.subgraphs import own_sync_body
+from streampass.values import graph_device, graph_devices
 
 #: tracing context of a forward compile -> the offset its graphs were read with
 _FORWARD_OFFSETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -84,6 +85,32 @@ def forward_offset() -> int:
         # own; the table still holds whatever the last dynamo frame left in it.
         return 0
     return 1 if registered_object(0) is not None else 0
+
+
+def compiled_graph_device(gm: torch.fx.GraphModule) -> torch.device:
+    """The device a graph inductor compiles runs on: its tensors' (:func:`streampass.values.
+    graph_device`); a graph of syncs alone (a frame between graph breaks that only synchronizes)
+    has none to tell, so it is the device of the streams and events its syncs name in dynamo's
+    table, or, for a sync that names none (``synchronize_device``), the current accelerator.
+
+    Read as the CPU's, such a graph would be lowered for CPU and its syncs would become no-ops:
+    on CUDA the user's ``s.synchronize()`` or ``wait_stream`` would be lost.
+
+    >>> g = torch.fx.Graph(); _ = g.call_function(ops.WAIT_EVENT, (7, 1)); _ = g.output(())
+    >>> compiled_graph_device(torch.fx.GraphModule(torch.nn.Module(), g))  # no accelerator here
+    device(type='cpu')
+    """
+    if graph_devices(gm) or not torch.accelerator.is_available():
+        return graph_device(gm)
+    named = []
+    for node in gm.graph.nodes:
+        call = ops.as_sync_call(node)
+        for i in ops.INDEX_ARGS.get(call.target, ()) if call is not None else ():
+            obj = registered_object(call.args[i]) if i < len(call.args) and type(call.args[i]) is int else None
+            if isinstance(getattr(obj, "device", None), torch.device):
+                named.append(obj.device)
+    accelerators = [d for d in named if d.type != "cpu"]
+    return (accelerators or named or [torch.accelerator.current_accelerator()])[0]
 
 
 def shift_indices(gm: torch.fx.GraphModule, by: int) -> None:

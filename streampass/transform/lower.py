@@ -13,6 +13,7 @@ only its encoding changes). Each is all or nothing: on any failure the graph is 
 from __future__ import annotations
 
 import collections
+import contextlib
 import operator
 from typing import Any
 
@@ -129,16 +130,13 @@ def _lower_for_cpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> bool
         # intermediate or a graph input both exposed an inductor misordering that loses an
         # index_put_ (docs/inductor.md, "What inductor gets, CPU vs CUDA"). So every sync takes
         # one empty tensor made for them.
-        if anchor is None and (tensor_inputs or deps):
-            anchor = _anchor(graph, (tensor_inputs or deps)[0])
-        deps = [anchor] if anchor is not None else []
-        # A sync that orders nothing on CPU (no tensor anywhere) is dropped.
-        if deps:
-            with graph.inserting_before(node):
-                new = graph.call_function(SYNC, (deps, call.name, ints))
-            new.meta["val"] = None
-            new.meta[STREAM_KEY] = a.stream.get(node, AMBIENT)
-            new.meta["streampass"] = "sync"
+        if anchor is None:
+            anchor = _anchor(graph, (tensor_inputs or deps or [None])[0])
+        with graph.inserting_before(node):
+            new = graph.call_function(SYNC, ([anchor], call.name, ints))
+        new.meta["val"] = None
+        new.meta[STREAM_KEY] = a.stream.get(node, AMBIENT)
+        new.meta["streampass"] = "sync"
         # Remaining users are other syncs' dependency tuples: order among no-ops is moot.
         for user in list(node.users):
             if user.target is ops.CONTROL_DEPS:
@@ -162,10 +160,15 @@ def _lower_for_cpu(gm: torch.fx.GraphModule, a: StreamAssignment | None) -> bool
     return changed
 
 
-def _anchor(graph: torch.fx.Graph, like: torch.fx.Node) -> torch.fx.Node:
-    """An empty tensor on ``like``'s device, made right after the inputs: what every CPU sync
-    takes for its device. No kernel reads it, so no schedule depends on it."""
-    val = like.meta["val"]
+def _anchor(graph: torch.fx.Graph, like: torch.fx.Node | None) -> torch.fx.Node:
+    """An empty tensor on ``like``'s device (the CPU where the graph has no tensor: syncs alone),
+    made right after the inputs: what every CPU sync takes for its device. No kernel reads it, so
+    no schedule depends on it."""
+    if like is None:
+        with torch._guards.detect_fake_mode() or contextlib.nullcontext():
+            val = torch.empty(0)
+    else:
+        val = like.meta["val"]
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
     where = graph.inserting_after(inputs[-1]) if inputs else graph.inserting_before(next(iter(graph.nodes)))
     with where:
