@@ -355,6 +355,14 @@ def graph_device(g: torch.fx.GraphModule | torch.fx.Graph) -> torch.device:
     >>> graph_device(make_fx(torch.sin)(torch.ones(2, device="meta"))), graph_device(torch.fx.Graph())
     (device(type='meta'), device(type='cpu'))
     """
-    devices = graph_devices(g)
+    return preferred_device(graph_devices(g))
+
+
+def preferred_device(devices: list[torch.device], default: torch.device | None = None) -> torch.device:
+    """The first accelerator among ``devices``, else the first device, else ``default`` (CPU).
+
+    >>> preferred_device([torch.device("cpu"), torch.device("cuda", 1)]), preferred_device([])
+    (device(type='cuda', index=1), device(type='cpu'))
+    """
     accelerators = [d for d in devices if d.type not in ("cpu", "meta")]
-    return (accelerators or devices or [torch.device("cpu")])[0]
+    return (accelerators or devices or [default or torch.device("cpu")])[0]

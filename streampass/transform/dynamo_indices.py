@@ -28,7 +28,7 @@ from streampass import ops
 from streampass.compat import registered_object
 from streampass.ops import SP_STREAM_KEY
 from streampass.transform.subgraphs import own_sync_body
-from streampass.values import graph_device, graph_devices
+from streampass.values import graph_devices, preferred_device
 
 #: tracing context of a forward compile -> the offset its graphs were read with
 _FORWARD_OFFSETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -100,8 +100,9 @@ def compiled_graph_device(gm: torch.fx.GraphModule) -> torch.device:
     >>> compiled_graph_device(torch.fx.GraphModule(torch.nn.Module(), g))  # no accelerator here
     device(type='cpu')
     """
-    if graph_devices(gm) or not torch.accelerator.is_available():
-        return graph_device(gm)
+    devices = graph_devices(gm)
+    if devices or not torch.accelerator.is_available():
+        return preferred_device(devices)
     named = []
     for node in gm.graph.nodes:
         call = ops.as_sync_call(node)
@@ -109,8 +110,7 @@ def compiled_graph_device(gm: torch.fx.GraphModule) -> torch.device:
             obj = registered_object(call.args[i]) if i < len(call.args) and type(call.args[i]) is int else None
             if isinstance(getattr(obj, "device", None), torch.device):
                 named.append(obj.device)
-    accelerators = [d for d in named if d.type != "cpu"]
-    return (accelerators or named or [torch.accelerator.current_accelerator()])[0]
+    return preferred_device(named, torch.accelerator.current_accelerator())
 
 
 def shift_indices(gm: torch.fx.GraphModule, by: int) -> None:
